@@ -1,0 +1,1 @@
+"""Benchmarks: datasets, baselines, the `ssd bench` command."""

@@ -1,0 +1,1 @@
+"""ssd-serve engine: models, paged KV cache, scheduler, sampling, speculation."""
