@@ -1,0 +1,49 @@
+"""HF transformers `generate` on the same checkpoint, dtype and threads: the baseline a CPU user reaches for."""
+
+import time
+from pathlib import Path
+
+import torch
+
+from bench.timing import GroupTiming
+
+
+class _FirstTokenClock:
+    """A generate() streamer that records when the first new token arrives (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.num_puts = 0
+        self.first_token_time: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.num_puts += 1
+        if self.num_puts == 2:
+            self.first_token_time = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class HFGenerator:
+    def __init__(self, path: Path, dtype: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+
+    @torch.inference_mode()
+    def generate(self, group: list[list[int]], output_len: int, temperature: float) -> GroupTiming:
+        width = max(len(ids) for ids in group)
+        pad = 0
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in group])  # left padding
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group])
+        clock = _FirstTokenClock()
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+            do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+            top_p=None, top_k=None, streamer=clock if len(group) == 1 else None, pad_token_id=pad,
+        )
+        total = time.perf_counter() - start
+        first = (clock.first_token_time - start) if clock.first_token_time else 0.0
+        tokens = [row[width:].tolist() for row in out]
+        return GroupTiming(tokens, first, total)

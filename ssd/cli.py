@@ -1,0 +1,105 @@
+"""The `ssd` command: generate, models (pull / list), bench. Parses flags, builds configs, runs."""
+
+import argparse
+import sys
+import time
+
+from ssd.errors import SSDError
+from ssd.log_setup import configure_logging
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    from ssd.model_store import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder or known model name")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads)
+    prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_tokens=args.max_tokens, seed=args.seed,
+    )
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    for delta in llm.generate_stream(prompt, params):
+        first = first or time.perf_counter()
+        tokens += len(delta.token_ids)
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+    end = time.perf_counter()
+    decode_s = end - (first or end)
+    rate = (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
+    print(f"\n\n[{tokens} tokens, first token {1000 * ((first or end) - start):.0f} ms, "
+          f"decode {rate:.1f} tokens/s, {args.dtype}]", file=sys.stderr)
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from ssd import model_store
+
+    if args.models_cmd == "pull":
+        path = model_store.pull(args.name, force=args.force)
+        print(path)
+        return 0
+    rows = model_store.list_models()
+    print(f"{'NAME':28} {'CACHED':7} {'SIZE':>9}  PATH")
+    for m in rows:
+        size = f"{m.size_bytes / 2**20:.0f} MiB" if m.is_cached else "-"
+        print(f"{m.name:28} {'yes' if m.is_cached else 'no':7} {size:>9}  {m.path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ssd", description="ssd-serve: fast, lossless LLM decoding")
+    parser.add_argument("--log-level", default="warning", help="debug | info | warning | error")
+    parser.add_argument("--log-json", action="store_true", help="JSON log lines (production)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
+    _add_engine_flags(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.set_defaults(func=_cmd_generate)
+
+    m = sub.add_parser("models", help="manage the local model cache")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    pull = msub.add_parser("pull", help="fetch and import a known model into the cache")
+    pull.add_argument("name")
+    pull.add_argument("--force", action="store_true", help="re-import even if cached")
+    msub.add_parser("list", help="show known and cached models")
+    m.set_defaults(func=_cmd_models)
+
+    b = sub.add_parser("bench", help="benchmark decoding modes on real prompts")
+    from bench.cli import add_bench_arguments  # noqa: PLC0415 - bench is only needed for this command
+
+    add_bench_arguments(b)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, json=args.log_json)
+    try:
+        return args.func(args)
+    except SSDError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The engine's configuration: one frozen dataclass, built once at the entry point and passed down."""
+
+from dataclasses import dataclass
+
+from ssd.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # checkpoint folder, or a known model name (see `ssd models list`)
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16 | float64
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory_mb: int = 1024  # KV cache budget; the number of blocks is derived from it
+    max_num_seqs: int = 16  # sequences in one batch at most
+    max_num_batched_tokens: int = 8192  # tokens in one forward at most
+    max_model_len: int | None = None  # prompt + output tokens at most; default: the model's limit
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    seed: int = 0  # seeds the generator of requests that bring no seed
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidRequestError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -1,0 +1,48 @@
+"""The forward context: everything attention needs about one forward, published for its duration.
+
+The model runner builds one frozen `ForwardContext` per forward and enters `forward_context(ctx)`;
+attention layers read it with `get_forward_context()`. Model code never sees batching details.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class ForwardMode(Enum):
+    PREFILL = "prefill"  # new prompt tokens (possibly after a cached prefix)
+    DECODE = "decode"  # one new token per sequence
+    VERIFY = "verify"  # several new tokens per sequence, causal among themselves (speculation)
+    TREE = "tree"  # new tokens with an explicit attention mask (token trees, fan-out branches)
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    mode: ForwardMode
+    slot_mapping: torch.Tensor  # [T] int64: KV slot each new token is written to
+    query_index: torch.Tensor  # [B, Q] int64: flat token index of each padded query (0 where padding)
+    kv_slots: torch.Tensor  # [B, S] int64: KV slots each sequence reads, in key order (0 where padding)
+    attn_mask: torch.Tensor | None  # [B, 1, Q, S] bool, True = may attend; None = attend to every key
+    token_batch: torch.Tensor  # [T] int64: sequence (row of query_index) of each flat token
+    token_offset: torch.Tensor  # [T] int64: column of query_index of each flat token
+
+
+_current: list[ForwardContext] = []
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    _current.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.pop()
+
+
+def get_forward_context() -> ForwardContext:
+    if not _current:
+        raise RuntimeError("attention ran outside forward_context(); the model runner must publish one")
+    return _current[-1]

@@ -1,0 +1,135 @@
+"""Llama 3 family (and Llama-architecture models such as SmolLM2): the five classes.
+
+Qwen3 (ssd/models/qwen3.py) reuses these and overrides only the attention's per-head norms.
+"""
+
+import torch
+from torch import nn
+
+from ssd.layers.activation import SiluAndMul
+from ssd.layers.attention import Attention
+from ssd.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ssd.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ssd.layers.norm import RMSNorm
+from ssd.layers.rotary import RotaryEmbedding
+from ssd.model_config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads, config.attention_bias
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = d
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, config.attention_bias)
+        self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings, config.rope)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, d**-0.5)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook for per-head q/k norms (Qwen3); Llama has none."""
+        return q, k
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T], [T, d] -> [T, d]
+        num_tokens = x.shape[0]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        q, k = self.normalize_qk(q, k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size])
+        self.down_proj = RowParallelLinear(size, config.hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = self.attention_cls(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's output delta, residual stream before it); their sum is the stream after."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([self.layer_cls(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final hidden states [T, d], plus the residual stream entering each layer in `aux_layers`."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                aux.append(x if residual is None else x + residual)
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x, aux
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls: type[LlamaModel] = LlamaModel
+    # checkpoint name fragment -> (fused parameter name fragment, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = self.model_cls(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, aux_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.model(input_ids, positions, aux_layers)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, V] float32
+        return self.lm_head(hidden)

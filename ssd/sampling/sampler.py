@@ -1,0 +1,46 @@
+"""From logits to the target distribution p (temperature, top-k, top-p) and to sampled tokens.
+
+`target_probs` is the one definition of p used by plain sampling and, later, by verification.
+Each sequence draws from its own torch.Generator, so a seeded request gives the same tokens
+whatever else is in the batch.
+"""
+
+import torch
+
+from ssd.sampling.params import SamplingParams
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] logits of one sequence -> [N, V] float32 probabilities after its sampling params."""
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:  # [N, V] -> [N]
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [B, V], one row per sequence
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+) -> list[int]:
+    """One token per row: argmax for greedy rows, a draw from p otherwise."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int] = []
+    for i, p in enumerate(params):
+        if p.is_greedy:
+            out.append(greedy[i])
+        else:
+            out.append(int(sample_from(target_probs(logits[i : i + 1], p), generators[i])[0]))
+    return out

@@ -1,0 +1,23 @@
+"""Shared fixtures: tiny random checkpoints, and the real default model when it is cached."""
+
+import pytest
+
+from tests.tiny_models import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    write_tiny_checkpoint(folder, "llama")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def default_model_path():
+    from ssd.model_store import DEFAULT_MODEL, resolve_model
+    from ssd.errors import ModelNotFoundError
+
+    try:
+        return resolve_model(DEFAULT_MODEL)
+    except ModelNotFoundError:
+        pytest.fail("the default model is not cached: run `make model` (or `ssd models pull smollm2-135m-instruct`)")
