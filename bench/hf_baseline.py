@@ -1,5 +1,6 @@
 """HF transformers `generate` on the same checkpoint, dtype and threads: the baseline a CPU user reaches for."""
 
+import copy
 import time
 from pathlib import Path
 
@@ -29,6 +30,10 @@ class HFGenerator:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+        # like the engine's ignore_eos: EOS may be generated but does not stop generation
+        # (HF's min_new_tokens would instead forbid EOS and change the tokens)
+        self.config = copy.deepcopy(self.model.generation_config)
+        self.config.eos_token_id = None
 
     @torch.inference_mode()
     def generate(self, group: list[list[int]], output_len: int, temperature: float) -> GroupTiming:
@@ -39,7 +44,7 @@ class HFGenerator:
         clock = _FirstTokenClock()
         start = time.perf_counter()
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+            input_ids=input_ids, attention_mask=mask, generation_config=self.config, max_new_tokens=output_len,
             do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
             top_p=None, top_k=None, streamer=clock if len(group) == 1 else None, pad_token_id=pad,
         )

@@ -59,7 +59,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ssd", description="ssd-serve: fast, lossless LLM decoding")
-    parser.add_argument("--log-level", default="warning", help="debug | info | warning | error")
+    parser.add_argument("--log-level", default="info", help="debug | info | warning | error")
     parser.add_argument("--log-json", action="store_true", help="JSON log lines (production)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 

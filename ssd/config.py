@@ -17,6 +17,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     seed: int = 0  # seeds the generator of requests that bring no seed
+    linear_backend: str = "onednn"  # onednn: packed CPU matmuls; torch: plain F.linear (the reference)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -25,5 +26,7 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.linear_backend not in ("onednn", "torch"):
+            raise InvalidRequestError(f"linear_backend must be 'onednn' or 'torch', got {self.linear_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -14,8 +14,8 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_path():
-    from ssd.model_store import DEFAULT_MODEL, resolve_model
     from ssd.errors import ModelNotFoundError
+    from ssd.model_store import DEFAULT_MODEL, resolve_model
 
     try:
         return resolve_model(DEFAULT_MODEL)

@@ -18,6 +18,7 @@ from ssd.engine.sequence import FinishReason, Sequence
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
+from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_model, parse_dtype
 from ssd.model_store import resolve_model
 from ssd.sampling.params import SamplingParams
@@ -56,6 +57,8 @@ class LLMEngine:
         self.device = torch.device("cpu")
         started = time.perf_counter()
         self.model, self.model_config = load_model(path, self.dtype)
+        if config.linear_backend == "onednn":
+            pack_linear_weights(self.model)
         self.tokenizer = load_tokenizer(path)
         mc = self.model_config
         shape = KVCacheShape(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.block_size, self.dtype)

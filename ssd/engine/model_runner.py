@@ -64,14 +64,15 @@ class ModelRunner:
             mask = (key[None, None, :] <= qpos[:, :, None]) & valid_q  # [B, Q, S]
             mask |= ~valid_q & (key == 0)  # padding queries look at key 0 so softmax stays finite
             mask = mask.unsqueeze(1).to(self.device)  # [B, 1, Q, S]
+        single = len(items) == 1
         ctx = ForwardContext(
             mode=mode,
             slot_mapping=torch.cat(slot_mapping).to(self.device),
-            query_index=query_index.to(self.device),
             kv_slots=kv_slots.to(self.device),
             attn_mask=mask,
-            token_batch=torch.tensor(token_batch, device=self.device),
-            token_offset=torch.tensor(token_offset, device=self.device),
+            query_index=None if single else query_index.to(self.device),
+            token_batch=None if single else torch.tensor(token_batch, device=self.device),
+            token_offset=None if single else torch.tensor(token_offset, device=self.device),
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return ctx, input_ids, torch.cat(positions).to(self.device)

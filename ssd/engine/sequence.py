@@ -2,7 +2,7 @@
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 import torch
 
@@ -15,7 +15,7 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"  # EOS or a stop token
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # cancelled by the caller

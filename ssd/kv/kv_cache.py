@@ -32,12 +32,12 @@ class KVCacheShape:
 
 
 def allocate_kv_cache(model: nn.Module, shape: KVCacheShape, num_blocks: int, device: torch.device) -> torch.Tensor:
-    """One tensor [2, L, num_blocks*block_size, KVH, D]; each Attention layer gets its views."""
+    """One tensor [L, 2, num_blocks*block_size, KVH, D]; each Attention layer gets its contiguous slice."""
     num_slots = num_blocks * shape.block_size
-    cache = torch.zeros(2, shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, dtype=shape.dtype, device=device)
+    cache = torch.zeros(shape.num_layers, 2, num_slots, shape.num_kv_heads, shape.head_dim, dtype=shape.dtype, device=device)
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if len(layers) != shape.num_layers:
         raise RuntimeError(f"model has {len(layers)} attention layers, cache was shaped for {shape.num_layers}")
     for i, layer in enumerate(layers):
-        layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
+        layer.kv_cache = cache[i]
     return cache

@@ -14,33 +14,33 @@ from ssd.context import ForwardContext, get_forward_context
 def store_kv(
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,  # [T, KVH, D]
-    k_cache: torch.Tensor,  # [num_slots, KVH, D]
-    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    kv_cache: torch.Tensor,  # [2, num_slots, KVH, D]
     slot_mapping: torch.Tensor,  # [T]
 ) -> None:
-    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    kv_cache[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    kv_cache[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
-    k_cache: torch.Tensor,  # [num_slots, KVH, D]
-    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    kv_cache: torch.Tensor,  # [2, num_slots, KVH, D]
     ctx: ForwardContext,
     scale: float,
 ) -> torch.Tensor:  # [T, H, D]
     """Reference path: pad queries per sequence, gather each sequence's keys, one batched SDPA."""
-    qp = q[ctx.query_index].transpose(1, 2)  # [B, H, Q, D]
-    kp = k_cache[ctx.kv_slots].transpose(1, 2)  # [B, KVH, S, D]
-    vp = v_cache[ctx.kv_slots].transpose(1, 2)  # [B, KVH, S, D]
+    num_seqs, num_keys = ctx.kv_slots.shape
+    kv = kv_cache.index_select(1, ctx.kv_slots.view(-1))  # [2, B*S, KVH, D]
+    kv = kv.view(2, num_seqs, num_keys, *kv.shape[2:]).transpose(2, 3)  # [2, B, KVH, S, D]
+    qp = q.unsqueeze(0) if ctx.query_index is None else q[ctx.query_index]  # [B, Q, H, D]
+    qp = qp.transpose(1, 2)  # [B, H, Q, D]
     out = F.scaled_dot_product_attention(
-        qp, kp, vp, attn_mask=ctx.attn_mask, scale=scale, enable_gqa=qp.shape[1] != kp.shape[1]
-    )  # [B, H, Q, D]
-    return out.transpose(1, 2)[ctx.token_batch, ctx.token_offset]  # [T, H, D]
+        qp, kv[0], kv[1], attn_mask=ctx.attn_mask, scale=scale, enable_gqa=qp.shape[1] != kv.shape[2]
+    ).transpose(1, 2)  # [B, Q, H, D]
+    return out[0] if ctx.query_index is None else out[ctx.token_batch, ctx.token_offset]  # [T, H, D]
 
 
 class Attention(nn.Module):
-    """Attention over the paged KV cache; the runner binds `k_cache` / `v_cache` before use."""
+    """Attention over the paged KV cache; the runner binds `kv_cache` before use."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__()
@@ -48,8 +48,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
-        self.k_cache = torch.empty(0)
-        self.v_cache = torch.empty(0)
+        self.kv_cache = torch.empty(0)  # [2, num_slots, KVH, D], bound by the runner
 
     def forward(
         self,
@@ -62,6 +61,6 @@ class Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        out = paged_attention(q, self.k_cache, self.v_cache, ctx, self.scale)
+        store_kv(k, v, self.kv_cache, ctx.slot_mapping)
+        out = paged_attention(q, self.kv_cache, ctx, self.scale)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.distributed import tp_rank, tp_size
+from ssd.layers.linear import onednn_pack, packed_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -33,8 +34,13 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        self.packed = onednn_pack(self.weight)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, V] float32
-        logits = F.linear(hidden, self.weight)
+        logits = packed_linear(hidden, self.packed, self.weight, None)
         if tp_size() > 1:
             parts = [torch.empty_like(logits) for _ in range(tp_size())]
             dist.all_gather(parts, logits)

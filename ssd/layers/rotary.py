@@ -24,7 +24,11 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:  # [he
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputes cos/sin for every position up to `max_positions`; applies them to q and k."""
+    """Precomputes cos/sin for every position up to `max_positions`; applies them to q and k.
+
+    One instance is shared by all layers (`get_rope`), and the cos/sin rows for a forward's
+    positions are looked up once and reused by every layer.
+    """
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
@@ -35,6 +39,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
         self.head_dim = head_dim
+        self._memo: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        memo = self._memo
+        if memo is not None and memo[0] is positions and memo[1] == dtype:
+            return memo[2], memo[3]
+        cos = self.cos[positions].unsqueeze(1).to(dtype)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        self._memo = (positions, dtype, cos, sin)
+        return cos, sin
 
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -44,11 +58,18 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,  # [T]
-        q: torch.Tensor,  # [T, H, D]
-        k: torch.Tensor,  # [T, KVH, D]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        q = q * cos + self._rotate_half(q) * sin
-        k = k * cos + self._rotate_half(k) * sin
-        return q, k
+        x: torch.Tensor,  # [T, heads, D]: queries and/or keys
+    ) -> torch.Tensor:  # [T, heads, D]
+        cos, sin = self._cos_sin(positions, x.dtype)
+        return x * cos + self._rotate_half(x) * sin
+
+
+_shared: dict[tuple[int, int, RopeConfig], RotaryEmbedding] = {}
+
+
+def get_rope(head_dim: int, max_positions: int, rope: RopeConfig) -> RotaryEmbedding:
+    """The one RotaryEmbedding for these settings (its tables are shared by every layer)."""
+    key = (head_dim, max_positions, rope)
+    if key not in _shared:
+        _shared[key] = RotaryEmbedding(head_dim, max_positions, rope)
+    return _shared[key]

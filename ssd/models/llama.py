@@ -11,7 +11,7 @@ from ssd.layers.attention import Attention
 from ssd.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ssd.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ssd.layers.norm import RMSNorm
-from ssd.layers.rotary import RotaryEmbedding
+from ssd.layers.rotary import get_rope
 from ssd.model_config import ModelConfig
 
 
@@ -26,22 +26,22 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = d
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, config.attention_bias)
-        self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings, config.rope)
+        self.rotary_emb = get_rope(d, config.max_position_embeddings, config.rope)
         self.attn = Attention(self.num_heads, self.num_kv_heads, d, d**-0.5)
 
-    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hook for per-head q/k norms (Qwen3); Llama has none."""
-        return q, k
+    def normalize_qk(self, qk: torch.Tensor) -> torch.Tensor:
+        """Hook for per-head q/k norms (Qwen3) over qk [T, H+KVH, D]; Llama has none."""
+        return qk
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T], [T, d] -> [T, d]
         num_tokens = x.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        q, k = self.normalize_qk(q, k)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x)  # [T, (H + 2*KVH) * D]
+        qk_size = (heads + kv_heads) * self.head_dim
+        qk = qkv[:, :qk_size].reshape(num_tokens, heads + kv_heads, self.head_dim)  # q and k are adjacent
+        qk = self.rotary_emb(positions, self.normalize_qk(qk))  # one RoPE call for both
+        q, k = qk.split([heads, kv_heads], dim=1)
+        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), qkv[:, qk_size:])
         return self.o_proj(out)
 
 

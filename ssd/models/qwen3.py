@@ -13,8 +13,9 @@ class Qwen3Attention(LlamaAttention):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.q_norm(q), self.k_norm(k)
+    def normalize_qk(self, qk: torch.Tensor) -> torch.Tensor:  # [T, H+KVH, D]
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        return torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

