@@ -1,4 +1,4 @@
-"""Flags of `ssd bench` and its entry point: run one mode over real prompts, print and save JSON."""
+"""Flags of `ssd bench` and its entry point: run modes over real prompts, print a table, save JSON."""
 
 import argparse
 import json
@@ -6,44 +6,68 @@ import sys
 from pathlib import Path
 
 from bench.datasets import load_prompts
-from bench.runner import BenchSettings, run_benchmark
+from bench.runner import BenchSettings, run_benchmarks
+from ssd.errors import InvalidRequestError
 
 MODES = ("ar", "hf")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("batch sizes must be >= 1")
+    return values
+
+
+def _modes(text: str) -> list[str]:
+    modes = text.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    return modes
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
-    p.add_argument("--mode", default="ar", choices=MODES, help="ar: this engine; hf: HF transformers generate")
+    p.add_argument("--mode", default=["ar"], type=_modes,
+                   help="comma list; ar: this engine, hf: HF transformers generate (same model, dtype, threads)")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dataset", default="mtbench", choices=["mtbench", "humaneval", "all"])
     p.add_argument("--numseqs", type=int, default=16, help="prompts per dataset")
     p.add_argument("--output-len", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
-    p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
+    p.add_argument("--batch", type=_int_list, default=[1], help="prompts decoded together (comma list)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first")
-    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = BenchSettings(
-        mode=args.mode, model=args.model, dataset=args.dataset, output_len=args.output_len,
-        batch=args.batch, temperature=args.temp, dtype=args.dtype, threads=args.threads, warmup=args.warmup,
+    if args.numseqs < 1 or args.output_len < 1:
+        raise InvalidRequestError("--numseqs and --output-len must be >= 1")
+    base = BenchSettings(
+        mode=args.mode[0], model=args.model, dataset=args.dataset, output_len=args.output_len,
+        batch=args.batch[0], temperature=args.temp, dtype=args.dtype, threads=args.threads, warmup=args.warmup,
     )
     prompts = load_prompts(args.dataset, args.numseqs)
-    result = run_benchmark(settings, prompts)
-    text = json.dumps(result, indent=2)
+    runs = run_benchmarks(base, args.mode, args.batch, prompts)
+    doc = runs[0] if len(runs) == 1 else {"runs": runs}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
-    print(
-        f"{result['mode']}: {result['decode_tok_s']:.1f} decode tok/s, TTFT {1000 * result['ttft_s']:.0f} ms, "
-        f"{result['num_prompts']} prompts x {args.output_len} tokens, batch {args.batch}, {args.dtype}, "
-        f"{args.threads} threads",
-        file=sys.stderr,
-    )
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print_table(runs, sys.stdout)
     return 0
+
+
+def print_table(runs: list[dict], out) -> None:  # type: ignore[no-untyped-def]
+    first = runs[0]["decode_tok_s"] or 1.0
+    print(f"{'mode':6} {'batch':>5} {'decode tok/s':>13} {'vs first':>9} {'TTFT ms':>8} {'outputs_sha256':>16}", file=out)
+    for r in runs:
+        print(f"{r['mode']:6} {r['batch']:5d} {r['decode_tok_s']:13.1f} {r['decode_tok_s'] / first:8.2f}x "
+              f"{1000 * r['ttft_s']:8.0f} {r['outputs_sha256'][:16]:>16}", file=out)

@@ -41,12 +41,16 @@ class HFGenerator:
         pad = 0
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in group])  # left padding
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group])
+        config = copy.deepcopy(self.config)
+        config.max_new_tokens = output_len
+        config.do_sample = temperature > 0
+        config.temperature = temperature if temperature > 0 else None
+        config.top_p, config.top_k, config.pad_token_id = None, None, pad
         clock = _FirstTokenClock()
         start = time.perf_counter()
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=mask, generation_config=self.config, max_new_tokens=output_len,
-            do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-            top_p=None, top_k=None, streamer=clock if len(group) == 1 else None, pad_token_id=pad,
+            input_ids=input_ids, attention_mask=mask, generation_config=config,
+            streamer=clock if len(group) == 1 else None,
         )
         total = time.perf_counter() - start
         first = (clock.first_token_time - start) if clock.first_token_time else 0.0

@@ -1,13 +1,16 @@
-"""Time one decoding mode over a list of prompts; decode throughput is kept apart from prefill.
+"""Time decoding modes over a list of prompts; decode throughput is kept apart from prefill.
 
 A group of `batch` prompts is generated together; its prefill time is the time to the last
-first token, its decode time the rest. Every prompt generates exactly `output_len` tokens.
+first token, its decode time the rest. Every prompt generates exactly `output_len` tokens
+(EOS does not stop it). Several modes and batch sizes run in one process, one after another,
+so their ratios are measured under the same machine conditions.
 """
 
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -33,34 +36,43 @@ class BenchSettings:
 
 
 def _render(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
-    tok = llm.tokenizer
     texts = [llm.chat_prompt([{"role": "user", "content": p.text}]) if p.is_chat else p.text for p in prompts]
-    return [tok.encode(t) for t in texts]
+    return [llm.tokenizer.encode(t) for t in texts]
 
 
-def _run_engine(llm: LLM, group: list[list[int]], params: SamplingParams) -> GroupTiming:
-    outs = llm.generate(group, params)
-    prefill = max(o.ttft_s or 0.0 for o in outs)
-    total = max(o.latency_s or 0.0 for o in outs)
-    return GroupTiming([o.token_ids for o in outs], prefill, total)
+def _engine_runner(llm: LLM, params: SamplingParams) -> Callable[[list[list[int]]], GroupTiming]:
+    def run(group: list[list[int]]) -> GroupTiming:
+        outs = llm.generate(group, params)
+        prefill = max(o.ttft_s or 0.0 for o in outs)
+        total = max(o.latency_s or 0.0 for o in outs)
+        return GroupTiming([o.token_ids for o in outs], prefill, total)
+
+    return run
 
 
-def run_benchmark(s: BenchSettings, prompts: list[Prompt]) -> dict:
-    torch.set_num_threads(s.threads)
-    llm = LLM(s.model, dtype=s.dtype, num_threads=s.threads, max_num_seqs=max(s.batch, 1))
+def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], prompts: list[Prompt]) -> list[dict]:
+    """Every (mode, batch) pair over the same prompts, in this process; one result dict each."""
+    torch.set_num_threads(base.threads)
+    llm = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches))
     encoded = _render(llm, prompts)
-    params = SamplingParams(temperature=s.temperature, max_tokens=s.output_len, ignore_eos=True, seed=1234)
-    if s.mode == "hf":
-        hf = HFGenerator(llm.engine.info.model_path, s.dtype)
-        run = lambda group: hf.generate(group, s.output_len, s.temperature)  # noqa: E731
-    else:
-        run = lambda group: _run_engine(llm, group, params)  # noqa: E731
-    for i in range(min(s.warmup, len(encoded))):
-        run(encoded[i : i + 1])
-    timings = []
-    for i in tqdm(range(0, len(encoded), s.batch), desc=f"bench {s.mode}", unit="group"):
-        timings.append(run(encoded[i : i + s.batch]))
-    return summarize(s, encoded, timings)
+    params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234)
+    results = []
+    for mode in modes:
+        if mode == "hf":
+            hf = HFGenerator(llm.engine.info.model_path, base.dtype)
+            run = lambda group: hf.generate(group, base.output_len, base.temperature)  # noqa: E731
+        else:
+            run = _engine_runner(llm, params)
+        for batch in batches:
+            settings = replace(base, mode=mode, batch=batch)
+            for i in range(min(base.warmup, len(encoded))):
+                run(encoded[i : i + 1])
+            timings = [
+                run(encoded[i : i + batch])
+                for i in tqdm(range(0, len(encoded), batch), desc=f"bench {mode} batch {batch}", unit="group")
+            ]
+            results.append(summarize(settings, encoded, timings))
+    return results
 
 
 def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTiming]) -> dict:

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from ssd.errors import InvalidRequestError
+from ssd.spec.config import SpeculationConfig
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     seed: int = 0  # seeds the generator of requests that bring no seed
+    speculation: SpeculationConfig | None = None  # None = plain autoregressive decoding
     linear_backend: str = "onednn"  # onednn: packed CPU matmuls; torch: plain F.linear (the reference)
 
     def __post_init__(self) -> None:

@@ -29,6 +29,7 @@ class RequestOutput:
     num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     ttft_s: float | None = None  # time to first token
     latency_s: float | None = None  # time to the last token
+    spec: dict | None = None  # speculation summary (drafts, accepted, tokens per round), when speculating
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class LLM:
                 out.token_ids.extend(step.new_token_ids)
                 if step.finish_reason is not None:
                     out.finish_reason = step.finish_reason
+                    out.spec = step.spec
                     out.latency_s = time.perf_counter() - start
                     bar.update(1)
         bar.close()

@@ -12,17 +12,17 @@ import structlog
 import torch
 
 from ssd.config import EngineConfig
-from ssd.engine.model_runner import ForwardItem, ModelRunner
+from ssd.context import ForwardMode
+from ssd.engine.model_runner import ForwardItem
+from ssd.engine.model_worker import ModelWorker
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
+from ssd.engine.spec_decode import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
-from ssd.kv.block_manager import BlockManager
-from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
-from ssd.layers.linear import pack_linear_weights
-from ssd.loader.model_loader import load_model, parse_dtype
 from ssd.model_store import resolve_model
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
+from ssd.spec.factory import build_proposer
 from ssd.tokenizer import load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -45,6 +45,7 @@ class StepOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None
     num_cached_prompt_tokens: int  # prompt tokens the prefix cache served at admission
+    spec: dict | None = None  # the request's speculation summary, on its last step
 
 
 class LLMEngine:
@@ -53,30 +54,27 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         path = resolve_model(config.model)
-        self.dtype = parse_dtype(config.dtype)
-        self.device = torch.device("cpu")
-        started = time.perf_counter()
-        self.model, self.model_config = load_model(path, self.dtype)
-        if config.linear_backend == "onednn":
-            pack_linear_weights(self.model)
+        self.worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
+                                  config.linear_backend, config.enable_prefix_caching)
+        self.model, self.model_config = self.worker.model, self.worker.model_config
+        self.block_manager, self.runner = self.worker.block_manager, self.worker.runner
         self.tokenizer = load_tokenizer(path)
         mc = self.model_config
-        shape = KVCacheShape(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.block_size, self.dtype)
-        num_blocks = shape.num_blocks_for(config.kv_cache_memory_mb * 2**20)
-        self.kv_cache = allocate_kv_cache(self.model, shape, num_blocks, self.device)
         eos = set(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.info = EngineInfo(path, num_blocks, max_len, frozenset(eos), mc.vocab_size)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.info = EngineInfo(path, self.worker.num_blocks, max_len, frozenset(eos), mc.vocab_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len))
-        self.runner = ModelRunner(self.model, config.block_size, self.device)
+        self.spec: SpeculativeDecoder | None = None
+        if config.speculation is not None:
+            proposer = build_proposer(config.speculation, self.worker, config.dtype)
+            self.spec = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
-        log.info("engine ready", model=str(path), dtype=config.dtype, kv_blocks=num_blocks,
-                 max_model_len=max_len, load_s=round(time.perf_counter() - started, 2))
+        log.info("engine ready", model=str(path), dtype=config.dtype, kv_blocks=self.worker.num_blocks,
+                 max_model_len=max_len, load_s=round(self.worker.load_s, 2))
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -104,38 +102,66 @@ class LLMEngine:
     def abort(self, seq_id: int) -> None:
         seq = self.seqs.pop(seq_id, None)
         if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, FinishReason.ABORT)
+            self._finish(seq, FinishReason.ABORT)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        if self.spec is not None:
+            self.spec.release(seq.seq_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        batch = self.scheduler.schedule()
+        """One forward: a prefill batch, a decode batch, or a speculative round for the decode batch."""
+        reserve = self.spec.lookahead_slots if self.spec is not None else 0
+        batch = self.scheduler.schedule(num_lookahead_tokens=reserve)
         if batch is None:
             return []
+        k = self.spec.config.lookahead_for(len(batch.seqs)) if self.spec is not None else 0
+        if batch.mode == ForwardMode.DECODE and k > 0:
+            new_tokens = self.spec.run_round(batch.seqs, k)
+        else:
+            new_tokens = [[t] for t in self._forward_and_sample(batch)]
+        return self._commit(batch, new_tokens)
+
+    def _forward_and_sample(self, batch: ScheduledBatch) -> list[int]:
         items = [
             ForwardItem(seq.token_ids[seq.num_cached_tokens :], seq.num_cached_tokens, seq.block_table)
             for seq in batch.seqs
         ]
-        logits = self.runner.forward(items, batch.mode).logits  # [B, V]
-        tokens = sample_tokens(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
-        return self._commit(batch, tokens)
+        aux_layers = self.spec.feature_layers if self.spec is not None else ()
+        out = self.runner.forward(items, batch.mode, aux_layers)  # logits [B, V]
+        if out.aux_hidden is not None:  # the proposer learns every new position's target features
+            for seq, rows in zip(batch.seqs, out.aux_hidden.split([len(it.token_ids) for it in items]), strict=True):
+                self.spec.add_features(seq.seq_id, rows)
+        return sample_tokens(out.logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
 
-    def _commit(self, batch: ScheduledBatch, tokens: list[int]) -> list[StepOutput]:
+    def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]]) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
-        for seq, token in zip(batch.seqs, tokens, strict=True):
-            seq.num_cached_tokens = seq.num_tokens  # KV now covers every token fed so far
+        for seq, tokens in zip(batch.seqs, new_tokens, strict=True):
+            seq.num_cached_tokens = seq.num_tokens + len(tokens) - 1  # KV covers all but the newest token
+            emitted, reason = [], None
+            for token in tokens:  # stop at the first token that finishes the request
+                seq.token_ids.append(token)
+                emitted.append(token)
+                reason = self.finish_reason(seq, [token])
+                if reason is not None:
+                    break
+            seq.num_cached_tokens = min(seq.num_cached_tokens, seq.num_tokens - 1)
             self.block_manager.commit(seq)
-            seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            reason = self.finish_reason(seq, [token])
+            spec = None
             if reason is not None:
-                self.scheduler.finish(seq, reason)
+                self._finish(seq, reason)
                 self.seqs.pop(seq.seq_id, None)
-            outputs.append(StepOutput(seq.seq_id, [token], reason, seq.num_prefix_cached_tokens))
+                spec = seq.spec_counters.as_dict() if seq.spec_counters.num_drafts else None
+            elif self.spec is not None:
+                self.spec.proposer.commit(seq.seq_id, seq.num_tokens)
+            outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec))
         return outputs
 
     def finish_reason(self, seq: Sequence, new_tokens: list[int]) -> FinishReason | None:

@@ -1,8 +1,10 @@
 """Runs one model forward over a batch of sequences against the paged KV cache.
 
-Every forward, whatever its mode, is a list of `ForwardItem`s: some new tokens per sequence
-starting at a position, attending causally to everything before them in that sequence. Prefill,
-decode and multi-token verify are the same code with different token counts.
+Every forward, whatever its mode, is a list of `ForwardItem`s: some new tokens per sequence,
+stored at the physical KV positions right after the `start_position` tokens already cached.
+By default they attend causally and their RoPE positions equal their physical positions;
+a token tree instead brings its own logical positions and its own attention mask.
+Prefill, decode, multi-token verify and tree verify are the same code with different items.
 """
 
 from dataclasses import dataclass
@@ -16,60 +18,66 @@ from ssd.context import ForwardContext, ForwardMode, forward_context
 @dataclass(frozen=True)
 class ForwardItem:
     token_ids: list[int]  # the new tokens this sequence feeds
-    start_position: int  # logical position of the first new token (= tokens already in KV)
+    start_position: int  # physical KV position of the first new token (= tokens already in KV)
     block_table: list[int]  # the sequence's KV blocks, covering start_position + len(token_ids)
     num_logits: int = 1  # logits wanted for the last `num_logits` new tokens
+    positions: list[int] | None = None  # RoPE positions of the new tokens; None = physical positions
+    attn_mask: torch.Tensor | None = None  # [n, start_position + n] bool, True = may attend; None = causal
 
 
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor  # [sum(num_logits), V] float32, items in order
-    aux_hidden: list[torch.Tensor]  # per requested aux layer: [sum(num_logits), d]
+    aux_hidden: torch.Tensor | None  # [T, len(aux_layers) * d]: residual streams entering the aux layers
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: nn.Module, block_size: int, device: torch.device, kv_cache: torch.Tensor) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.kv_cache = kv_cache  # [L, 2, num_slots, KVH, D]
+
+    def slots(self, block_table: list[int], positions: torch.Tensor) -> torch.Tensor:
+        table = torch.tensor(block_table, dtype=torch.long)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _item_mask(self, it: ForwardItem, total: int) -> torch.Tensor:  # [n, total] bool
+        if it.attn_mask is not None:
+            return it.attn_mask
+        n = len(it.token_ids)
+        return torch.arange(total)[None, :] <= (it.start_position + torch.arange(n))[:, None]
 
     def build_context(self, items: list[ForwardItem], mode: ForwardMode) -> tuple[ForwardContext, torch.Tensor, torch.Tensor]:
         """The forward context plus input ids [T] and positions [T]."""
-        bs = self.block_size
         lengths = [len(it.token_ids) for it in items]
         totals = [it.start_position + n for it, n in zip(items, lengths, strict=True)]
         num_q, num_s = max(lengths), max(totals)
+        single = len(items) == 1
         ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
         query_index = torch.zeros(len(items), num_q, dtype=torch.long)
         kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
+        mask = torch.zeros(len(items), num_q, num_s, dtype=torch.bool)
+        mask[:, :, 0] = True  # padding queries look at key 0 so softmax stays finite
         offset = 0
         for b, (it, n, total) in enumerate(zip(items, lengths, totals, strict=True)):
-            table = torch.tensor(it.block_table, dtype=torch.long)
-            pos = torch.arange(total)
-            slots = table[pos // bs] * bs + pos % bs  # [total]
+            slots = self.slots(it.block_table, torch.arange(total))  # [total]
             kv_slots[b, :total] = slots
             slot_mapping.append(slots[it.start_position :])
-            positions.append(pos[it.start_position :])
+            pos = torch.tensor(it.positions) if it.positions is not None else torch.arange(it.start_position, total)
+            positions.append(pos)
             ids.extend(it.token_ids)
+            mask[b, :n, :total] = self._item_mask(it, total)
             query_index[b, :n] = torch.arange(offset, offset + n)
             token_batch.extend([b] * n)
             token_offset.extend(range(n))
             offset += n
-        mask = None
-        if len(items) > 1 or num_q > 1:
-            starts = torch.tensor([it.start_position for it in items])
-            qpos = starts[:, None] + torch.arange(num_q)[None, :]  # [B, Q]
-            key = torch.arange(num_s)
-            valid_q = (torch.arange(num_q)[None, :] < torch.tensor(lengths)[:, None])[:, :, None]  # [B, Q, 1]
-            mask = (key[None, None, :] <= qpos[:, :, None]) & valid_q  # [B, Q, S]
-            mask |= ~valid_q & (key == 0)  # padding queries look at key 0 so softmax stays finite
-            mask = mask.unsqueeze(1).to(self.device)  # [B, 1, Q, S]
-        single = len(items) == 1
+        needs_mask = not (single and num_q == 1)
         ctx = ForwardContext(
             mode=mode,
             slot_mapping=torch.cat(slot_mapping).to(self.device),
             kv_slots=kv_slots.to(self.device),
-            attn_mask=mask,
+            attn_mask=mask.unsqueeze(1).to(self.device) if needs_mask else None,  # [B, 1, Q, S]
             query_index=None if single else query_index.to(self.device),
             token_batch=None if single else torch.tensor(token_batch, device=self.device),
             token_offset=None if single else torch.tensor(token_offset, device=self.device),
@@ -87,6 +95,14 @@ class ModelRunner:
             n = len(it.token_ids)
             keep.extend(range(offset + n - it.num_logits, offset + n))
             offset += n
-        index = torch.tensor(keep, device=self.device)
-        logits = self.model.compute_logits(hidden[index])
-        return ForwardOutput(logits, [a[index] for a in aux])
+        logits = self.model.compute_logits(hidden[torch.tensor(keep, device=self.device)])
+        return ForwardOutput(logits, torch.cat(aux, dim=-1) if aux else None)
+
+    def move_kv(self, block_table: list[int], src: list[int], dst: list[int]) -> None:
+        """Copy the KV at physical positions `src` to `dst` in every layer (keeps an accepted tree path)."""
+        pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s != d]
+        if not pairs:
+            return
+        src_slots = self.slots(block_table, torch.tensor([s for s, _ in pairs])).to(self.device)
+        dst_slots = self.slots(block_table, torch.tensor([d for _, d in pairs])).to(self.device)
+        self.kv_cache[:, :, dst_slots] = self.kv_cache[:, :, src_slots]

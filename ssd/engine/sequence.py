@@ -7,6 +7,7 @@ from enum import Enum, StrEnum
 import torch
 
 from ssd.sampling.params import SamplingParams
+from ssd.spec.metrics import SpecCounters
 
 
 class SequenceStatus(Enum):
@@ -37,6 +38,7 @@ class Sequence:
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    spec_counters: SpecCounters = field(default_factory=SpecCounters)  # this request's speculation
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -15,6 +15,7 @@ class SamplingParams:
     seed: int | None = None  # same seed, same output
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # finish when one is generated
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
+    draft_temperature: float | None = None  # speculation: the draft's sampling temperature; None = temperature
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -27,6 +28,11 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.draft_temperature is not None and not (
+            isinstance(self.draft_temperature, int | float) and math.isfinite(self.draft_temperature)
+            and self.draft_temperature >= 0
+        ):
+            raise InvalidRequestError(f"draft_temperature must be >= 0, got {self.draft_temperature!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

@@ -1,0 +1,44 @@
+"""A loaded model with its own paged KV cache, block manager and runner.
+
+The target engine and a draft-model proposer each own one; nothing is shared between them.
+"""
+
+import time
+from pathlib import Path
+
+import structlog
+import torch
+
+from ssd.engine.model_runner import ModelRunner
+from ssd.kv.block_manager import BlockManager
+from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
+from ssd.layers.linear import pack_linear_weights
+from ssd.loader.model_loader import load_model, parse_dtype
+
+log = structlog.get_logger(__name__)
+
+
+class ModelWorker:
+    def __init__(
+        self,
+        path: Path,
+        dtype: str,
+        block_size: int,
+        kv_cache_memory_mb: int,
+        linear_backend: str = "onednn",
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        started = time.perf_counter()
+        self.path = path
+        self.dtype = parse_dtype(dtype)
+        self.device = torch.device("cpu")
+        self.model, self.model_config = load_model(path, self.dtype)
+        if linear_backend == "onednn":
+            pack_linear_weights(self.model)
+        mc = self.model_config
+        shape = KVCacheShape(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, block_size, self.dtype)
+        self.num_blocks = shape.num_blocks_for(kv_cache_memory_mb * 2**20)
+        self.kv_cache = allocate_kv_cache(self.model, shape, self.num_blocks, self.device)  # [L, 2, slots, KVH, D]
+        self.block_manager = BlockManager(self.num_blocks, block_size, enable_prefix_caching)
+        self.runner = ModelRunner(self.model, block_size, self.device, self.kv_cache)
+        self.load_s = time.perf_counter() - started

@@ -1,0 +1,102 @@
+"""One synchronous speculative-decoding round (SD) for a decode batch.
+
+Propose (draft), verify every sequence's chain or tree in ONE target forward, accept a prefix and
+sample the bonus token exactly (ssd/spec/verification.py), keep only the accepted path's KV, and
+hand the proposer what it needs for the next round (committed length, target features).
+"""
+
+import torch
+
+from ssd.context import ForwardMode
+from ssd.engine.model_runner import ForwardItem, ModelRunner
+from ssd.engine.sequence import Sequence
+from ssd.kv.block_manager import BlockManager
+from ssd.sampling.sampler import target_probs
+from ssd.spec.config import SpeculationConfig
+from ssd.spec.metrics import SpecCounters
+from ssd.spec.proposer import Proposer, ProposeRequest
+from ssd.spec.speculation import Outcome, Speculation
+from ssd.spec.verification import verify_greedy, verify_sampled
+
+
+class SpeculativeDecoder:
+    def __init__(self, config: SpeculationConfig, proposer: Proposer, runner: ModelRunner,
+                 block_manager: BlockManager) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.runner = runner
+        self.block_manager = block_manager
+        self.counters = SpecCounters()
+        self.features: dict[int, torch.Tensor] = {}  # seq id -> [n, F] features the proposer has not seen
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.proposer.feature_layers
+
+    @property
+    def lookahead_slots(self) -> int:
+        """KV slots to reserve per sequence beyond its tokens for one round."""
+        k = self.config.num_speculative_tokens
+        return max(k, self.config.tree.budget) if self.config.tree is not None else k
+
+    def add_features(self, seq_id: int, features: torch.Tensor | None) -> None:
+        if features is None:
+            return
+        old = self.features.get(seq_id)
+        self.features[seq_id] = features if old is None else torch.cat([old, features])
+
+    def release(self, seq_id: int) -> None:
+        self.features.pop(seq_id, None)
+        self.proposer.release(seq_id)
+
+    def _request(self, seq: Sequence, k: int) -> ProposeRequest:
+        p = seq.params
+        dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
+        return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
+                              self.features.pop(seq.seq_id, None))
+
+    def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
+        start = seq.num_cached_tokens  # the last committed token's position: the root
+        tokens = [seq.token_ids[-1], *spec.tokens]
+        self.block_manager.ensure_capacity(seq, start + len(tokens))
+        if not spec.is_tree:
+            return ForwardItem(tokens, start, seq.block_table, num_logits=len(tokens))
+        mask = torch.ones(len(tokens), start + len(tokens), dtype=torch.bool)
+        mask[:, start:] = spec.ancestor_mask()
+        positions = [start, *(start + d for d in spec.depths())]
+        return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
+
+    def run_round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
+        """Accepted tokens + bonus token per sequence (before stop / length truncation)."""
+        specs = self.proposer.propose([self._request(s, k) for s in seqs])
+        items = [self._item(s, spec) for s, spec in zip(seqs, specs, strict=True)]
+        mode = ForwardMode.TREE if self.config.tree is not None else ForwardMode.VERIFY
+        out = self.runner.forward(items, mode, self.feature_layers)
+        results, offset = [], 0
+        for seq, spec, item in zip(seqs, specs, items, strict=True):
+            n = len(item.token_ids)
+            logits = out.logits[offset : offset + n]  # [n, V]: root, then each node
+            outcome = self._verify(seq, spec, logits)
+            self._keep_path(seq, item, outcome)
+            if out.aux_hidden is not None:  # features of the committed positions: root + accepted path
+                rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)])
+                self.add_features(seq.seq_id, out.aux_hidden[rows])
+            self.counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
+            seq.spec_counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
+            results.append(outcome.tokens)
+            offset += n
+        return results
+
+    def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
+        if seq.params.is_greedy:
+            return verify_greedy(spec, logits.argmax(dim=-1).tolist())
+        return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)
+
+    def _keep_path(self, seq: Sequence, item: ForwardItem, outcome: Outcome) -> None:
+        """Move the accepted tree path's KV to consecutive positions after the root."""
+        if item.positions is None or not outcome.accepted_nodes:
+            return
+        start = item.start_position
+        src = [start + a for a in outcome.accepted_nodes]
+        dst = [start + j for j in range(1, outcome.num_accepted + 1)]
+        self.runner.move_kv(seq.block_table, src, dst)

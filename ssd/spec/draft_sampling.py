@@ -1,0 +1,27 @@
+"""How a proposer picks a draft token from its logits: argmax, or a draw from q at the draft temperature."""
+
+import torch
+
+
+def draft_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:  # [N, V] -> [N, V] float32
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def pick_tokens(
+    logits: torch.Tensor,  # [B, V]
+    temperatures: list[float],
+    generators: list[torch.Generator],
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """One draft token per row and the q row it was drawn from (None when picked greedily)."""
+    greedy = logits.argmax(dim=-1).tolist()
+    tokens: list[int] = []
+    qs: list[torch.Tensor | None] = []
+    for i, temp in enumerate(temperatures):
+        if temp <= 0:
+            tokens.append(greedy[i])
+            qs.append(None)
+            continue
+        q = draft_probs(logits[i : i + 1], temp)[0]
+        tokens.append(int(torch.multinomial(q, 1, generator=generators[i])[0]))
+        qs.append(q)
+    return tokens, qs
