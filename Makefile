@@ -1,4 +1,5 @@
-# ssd-serve: `make demo` runs the engine on the embedded default model, `make test` runs the tests.
+# ssd-serve: `make demo` runs the services (gateway, target, draft) on the embedded default model and
+# queries them with the openai client; `make demo-engine` runs the engine alone; `make test` runs the tests.
 # Both work on a fresh machine: they create .venv, install, and fetch the default model first.
 
 PYTHON ?= python3
@@ -7,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL  := smollm2-135m-instruct
 
-.PHONY: install model demo test test-slow test-all lint bench clean
+.PHONY: install protos model demo demo-engine serve test test-slow test-all lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,17 +16,31 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+STUBS  := protos/ssd/v1/_proto_hash.py
+
+# gRPC stubs are generated, never committed (git-ignored); a test fails if they are stale.
+$(STUBS): $(wildcard protos/ssd/v1/*.proto) protos/build.py $(STAMP)
+	$(BIN)/python protos/build.py
+
+protos: $(STUBS)
+
+install: $(STAMP) $(STUBS)
 
 model: install
 	$(BIN)/ssd models pull $(MODEL)
 
 demo: model
+	$(BIN)/python -m deploy.demo
+
+demo-engine: model
 	$(BIN)/ssd generate --chat --max-tokens 96 \
 		--prompt "Explain in three sentences why the sky is blue."
 
+serve: model
+	$(BIN)/ssd serve
+
 lint: install
-	$(BIN)/ruff check ssd bench tests
+	$(BIN)/ruff check ssd bench tests protos rpc target_service draft_service gateway deploy
 	$(BIN)/lint-imports
 
 test: model lint

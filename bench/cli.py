@@ -7,9 +7,10 @@ from pathlib import Path
 
 from bench.datasets import load_prompts
 from bench.runner import BenchSettings, run_benchmarks
+from ssd.cli_flags import add_speculation_flags, tree_from_args
 from ssd.errors import InvalidRequestError
 
-MODES = ("ar", "hf")
+MODES = ("ar", "sd", "hf", "hf-assisted")
 
 
 def _int_list(text: str) -> list[int]:
@@ -44,6 +45,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
+    add_speculation_flags(p)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.set_defaults(func=main)
 
@@ -54,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
     base = BenchSettings(
         mode=args.mode[0], model=args.model, dataset=args.dataset, output_len=args.output_len,
         batch=args.batch[0], temperature=args.temp, dtype=args.dtype, threads=args.threads, warmup=args.warmup,
+        draft=args.draft, k=args.k, draft_temperature=args.dtemp,
+        tree=tree_from_args(args),
     )
     prompts = load_prompts(args.dataset, args.numseqs)
     runs = run_benchmarks(base, args.mode, args.batch, prompts)
@@ -67,7 +71,9 @@ def main(args: argparse.Namespace) -> int:
 
 def print_table(runs: list[dict], out) -> None:  # type: ignore[no-untyped-def]
     first = runs[0]["decode_tok_s"] or 1.0
-    print(f"{'mode':6} {'batch':>5} {'decode tok/s':>13} {'vs first':>9} {'TTFT ms':>8} {'outputs_sha256':>16}", file=out)
+    print(f"{'mode':12} {'batch':>5} {'decode tok/s':>13} {'vs first':>9} {'TTFT ms':>8} {'tok/round':>9} "
+          f"{'outputs_sha256':>16}", file=out)
     for r in runs:
-        print(f"{r['mode']:6} {r['batch']:5d} {r['decode_tok_s']:13.1f} {r['decode_tok_s'] / first:8.2f}x "
-              f"{1000 * r['ttft_s']:8.0f} {r['outputs_sha256'][:16]:>16}", file=out)
+        tpr = f"{r['tokens_per_round']:9.2f}" if r.get("tokens_per_round") else f"{'-':>9}"
+        print(f"{r['mode']:12} {r['batch']:5d} {r['decode_tok_s']:13.1f} {r['decode_tok_s'] / first:8.2f}x "
+              f"{1000 * r['ttft_s']:8.0f} {tpr} {r['outputs_sha256'][:16]:>16}", file=out)

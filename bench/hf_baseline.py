@@ -26,10 +26,25 @@ class _FirstTokenClock:
 
 
 class HFGenerator:
-    def __init__(self, path: Path, dtype: str) -> None:
+    """HF `generate`; with `assistant` it is HF assisted generation (a draft checkpoint, or "ngram" for
+    HF's prompt lookup), the peer baseline for a draft-model proposer."""
+
+    def __init__(self, path: Path, dtype: str, assistant: str | None = None, num_assistant_tokens: int = 4) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+        from ssd.model_store import resolve_model
+
+        torch_dtype = getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).eval()
+        self.assistant = None
+        self.extra: dict = {}
+        if assistant == "ngram":
+            self.extra = {"prompt_lookup_num_tokens": num_assistant_tokens}
+        elif assistant is not None:
+            self.assistant = AutoModelForCausalLM.from_pretrained(str(resolve_model(assistant)), dtype=torch_dtype).eval()
+            self.assistant.generation_config.num_assistant_tokens = num_assistant_tokens
+            self.assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            self.extra = {"assistant_model": self.assistant}
         # like the engine's ignore_eos: EOS may be generated but does not stop generation
         # (HF's min_new_tokens would instead forbid EOS and change the tokens)
         self.config = copy.deepcopy(self.model.generation_config)
@@ -50,7 +65,7 @@ class HFGenerator:
         start = time.perf_counter()
         out = self.model.generate(
             input_ids=input_ids, attention_mask=mask, generation_config=config,
-            streamer=clock if len(group) == 1 else None,
+            streamer=clock if len(group) == 1 else None, **self.extra,
         )
         total = time.perf_counter() - start
         first = (clock.first_token_time - start) if clock.first_token_time else 0.0

@@ -20,6 +20,11 @@ from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
+from ssd.spec.config import SpeculationConfig
+from ssd.spec.metrics import SpecCounters
+from ssd.spec.proposer import TreeShape
+
+Runner = Callable[[list[list[int]]], GroupTiming]
 
 
 @dataclass(frozen=True)
@@ -33,14 +38,18 @@ class BenchSettings:
     dtype: str
     threads: int
     warmup: int = 1
+    draft: str | None = None  # sd / hf-assisted: "ngram" or a draft folder / name
+    k: int = 4  # lookahead
+    tree: TreeShape | None = None
+    draft_temperature: float | None = None
 
 
-def _render(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
+def render_prompts(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
     texts = [llm.chat_prompt([{"role": "user", "content": p.text}]) if p.is_chat else p.text for p in prompts]
     return [llm.tokenizer.encode(t) for t in texts]
 
 
-def _engine_runner(llm: LLM, params: SamplingParams) -> Callable[[list[list[int]]], GroupTiming]:
+def _engine_runner(llm: LLM, params: SamplingParams) -> Runner:
     def run(group: list[list[int]]) -> GroupTiming:
         outs = llm.generate(group, params)
         prefill = max(o.ttft_s or 0.0 for o in outs)
@@ -50,39 +59,89 @@ def _engine_runner(llm: LLM, params: SamplingParams) -> Callable[[list[list[int]
     return run
 
 
+def _speculation(s: BenchSettings) -> SpeculationConfig:
+    return SpeculationConfig(draft=s.draft or "ngram", num_speculative_tokens=s.k, tree=s.tree,
+                             k_schedule=((max(s.batch, 1), s.k),))
+
+
+def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams) -> tuple[Runner, LLM | None]:
+    opts = dict(dtype=s.dtype, num_threads=s.threads, max_num_seqs=s.batch)
+    if s.mode == "ar":
+        return _engine_runner(ar, params), ar
+    if s.mode == "sd":
+        llm = LLM(s.model, speculation=_speculation(s), **opts)
+        return _engine_runner(llm, params), llm
+    hf = HFGenerator(ar.engine.info.model_path, s.dtype, assistant=s.draft if s.mode == "hf-assisted" else None,
+                     num_assistant_tokens=s.k)
+    return (lambda group: hf.generate(group, s.output_len, s.temperature)), None
+
+
 def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], prompts: list[Prompt]) -> list[dict]:
     """Every (mode, batch) pair over the same prompts, in this process; one result dict each."""
     torch.set_num_threads(base.threads)
-    llm = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches))
-    encoded = _render(llm, prompts)
-    params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234)
-    results = []
+    ar = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches))
+    encoded = render_prompts(ar, prompts)
+    params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234,
+                            draft_temperature=base.draft_temperature)
+    results: list[dict] = []
+    first_outputs: list[list[int]] | None = None
     for mode in modes:
-        if mode == "hf":
-            hf = HFGenerator(llm.engine.info.model_path, base.dtype)
-            run = lambda group: hf.generate(group, base.output_len, base.temperature)  # noqa: E731
-        else:
-            run = _engine_runner(llm, params)
         for batch in batches:
             settings = replace(base, mode=mode, batch=batch)
+            run, llm = _build_runner(settings, ar, params)
             for i in range(min(base.warmup, len(encoded))):
                 run(encoded[i : i + 1])
+            before = _counters(llm)
             timings = [
                 run(encoded[i : i + batch])
                 for i in tqdm(range(0, len(encoded), batch), desc=f"bench {mode} batch {batch}", unit="group")
             ]
-            results.append(summarize(settings, encoded, timings))
+            result = summarize(settings, encoded, timings, _delta(before, _counters(llm)))
+            outputs = [ids for t in timings for ids in t.token_ids]
+            first_outputs = first_outputs or outputs
+            result.update(agreement(outputs, first_outputs))
+            results.append(result)
     return results
 
 
-def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTiming]) -> dict:
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
+    """How far outputs match the first run's (bf16 kernels round differently for 1 and K+1 positions,
+    so greedy bf16 runs can part ways at near-ties; float32 runs must match exactly)."""
+    same = sum(a == b for a, b in zip(outputs, reference, strict=True))
+    prefix = []
+    for a, b in zip(outputs, reference, strict=True):
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        prefix.append(n / max(len(b), 1))
+    return {"prompts_identical_to_first": same / len(reference),
+            "mean_matching_prefix_vs_first": sum(prefix) / len(prefix)}
+
+
+def _counters(llm: LLM | None) -> SpecCounters | None:
+    if llm is None or llm.engine.spec is None:
+        return None
+    c = llm.engine.spec.counters
+    return SpecCounters(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_emitted_tokens)
+
+
+def _delta(before: SpecCounters | None, after: SpecCounters | None) -> SpecCounters | None:
+    if before is None or after is None:
+        return None
+    return SpecCounters(after.num_drafts - before.num_drafts, after.num_draft_tokens - before.num_draft_tokens,
+                        after.num_accepted_tokens - before.num_accepted_tokens,
+                        after.num_emitted_tokens - before.num_emitted_tokens)
+
+
+def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTiming],
+              spec: SpecCounters | None = None) -> dict:
     outputs = [ids for t in timings for ids in t.token_ids]
     num_out = sum(len(ids) for ids in outputs)
     decode_tokens = num_out - len(outputs)  # each sequence's first token belongs to prefill
     decode_s = sum(t.total_s - t.prefill_s for t in timings)
     total_s = sum(t.total_s for t in timings)
+    settings = asdict(s)
+    settings["tree"] = asdict(s.tree) if s.tree else None
     return {
-        **asdict(s),
+        **settings,
         "num_prompts": len(encoded),
         "prompt_tokens": sum(len(p) for p in encoded),
         "output_tokens": num_out,
@@ -90,6 +149,8 @@ def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTim
         "ttft_s": sum(t.prefill_s for t in timings) / len(timings),
         "total_tok_s": num_out / total_s if total_s > 0 else 0.0,
         "total_s": total_s,
+        "tokens_per_round": spec.tokens_per_round if spec else None,
+        "accept_rate": spec.accept_rate if spec else None,
         "outputs_sha256": hashlib.sha256(json.dumps(outputs).encode()).hexdigest(),
         "date": time.strftime("%Y-%m-%d"),
     }

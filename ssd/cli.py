@@ -4,6 +4,7 @@ import argparse
 import sys
 import time
 
+from ssd.cli_flags import add_speculation_flags, speculation_from_args
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
 
@@ -20,11 +21,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads)
+    spec = speculation_from_args(args) if args.mode == "sd" else None
+    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_tokens=args.max_tokens, seed=args.seed,
+        max_tokens=args.max_tokens, seed=args.seed, draft_temperature=args.dtemp,
     )
     start = time.perf_counter()
     first = None
@@ -37,8 +39,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     end = time.perf_counter()
     decode_s = end - (first or end)
     rate = (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
+    stats = llm.engine.spec.counters if llm.engine.spec is not None else None
+    extra = f", {stats.tokens_per_round:.2f} tokens/round" if stats and stats.num_drafts else ""
     print(f"\n\n[{tokens} tokens, first token {1000 * ((first or end) - start):.0f} ms, "
-          f"decode {rate:.1f} tokens/s, {args.dtype}]", file=sys.stderr)
+          f"decode {rate:.1f} tokens/s, {args.mode}, {args.dtype}{extra}]", file=sys.stderr)
     return 0
 
 
@@ -72,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--mode", default="ar", choices=["ar", "sd"], help="ar: plain decoding; sd: speculative")
+    add_speculation_flags(g)
     g.set_defaults(func=_cmd_generate)
 
     m = sub.add_parser("models", help="manage the local model cache")
@@ -86,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.cli import add_bench_arguments  # noqa: PLC0415 - bench is only needed for this command
 
     add_bench_arguments(b)
+    from ssd.draft_training.cli import add_draft_training_commands  # noqa: PLC0415 - lazy: heavy deps
+
+    add_draft_training_commands(sub)
+    from deploy.cli import add_serve_command  # noqa: PLC0415 - lazy: the services' deps
+
+    add_serve_command(sub)
     return parser
 
 

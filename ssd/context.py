@@ -25,7 +25,8 @@ class ForwardContext:
     slot_mapping: torch.Tensor  # [T] int64: KV slot each new token is written to
     kv_slots: torch.Tensor  # [B, S] int64: KV slots each sequence reads, in key order (0 where padding)
     attn_mask: torch.Tensor | None  # [B, 1, Q, S] bool, True = may attend; None = attend to every key
-    # Padding of queries into [B, Q]; all three are None when the batch is one sequence (B = 1, Q = T).
+    # Padding of queries into [B, Q]; all three are None when every sequence brings the same number of
+    # new tokens Q (decode, equal-length verify), so the flat tokens reshape to [B, Q] as they are.
     query_index: torch.Tensor | None  # [B, Q] int64: flat token index of each padded query (0 where padding)
     token_batch: torch.Tensor | None  # [T] int64: sequence (row of query_index) of each flat token
     token_offset: torch.Tensor | None  # [T] int64: column of query_index of each flat token

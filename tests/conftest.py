@@ -1,8 +1,15 @@
 """Shared fixtures: tiny random checkpoints, and the real default model when it is cached."""
 
 import pytest
+import torch
 
 from tests.tiny_models import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Tests run single-threaded: tiny ops gain nothing from threads, and a busy second core stalls them."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from ssd.model_store import resolve_model
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
 from ssd.spec.factory import build_proposer
+from ssd.spec.proposer import Proposer
 from ssd.tokenizer import load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -49,7 +50,9 @@ class StepOutput:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    """`proposer` replaces the one `config.speculation` would build (e.g. a remote draft service)."""
+
+    def __init__(self, config: EngineConfig, proposer: Proposer | None = None) -> None:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -67,9 +70,13 @@ class LLMEngine:
         self.info = EngineInfo(path, self.worker.num_blocks, max_len, frozenset(eos), mc.vocab_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len))
         self.spec: SpeculativeDecoder | None = None
+        if proposer is not None and config.speculation is None:
+            raise InvalidRequestError("a proposer was given but speculation is not configured")
         if config.speculation is not None:
-            proposer = build_proposer(config.speculation, self.worker, config.dtype)
+            proposer = proposer or build_proposer(config.speculation, self.worker, config.dtype)
             self.spec = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
+            if proposer.feature_layers:  # the proposer needs target features of every prompt position
+                self.block_manager.enable_prefix_caching = False
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
@@ -134,8 +141,9 @@ class LLMEngine:
         aux_layers = self.spec.feature_layers if self.spec is not None else ()
         out = self.runner.forward(items, batch.mode, aux_layers)  # logits [B, V]
         if out.aux_hidden is not None:  # the proposer learns every new position's target features
-            for seq, rows in zip(batch.seqs, out.aux_hidden.split([len(it.token_ids) for it in items]), strict=True):
-                self.spec.add_features(seq.seq_id, rows)
+            rows = out.aux_hidden.split([len(it.token_ids) for it in items])
+            for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
+                self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
         return sample_tokens(out.logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
 
     def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]]) -> list[StepOutput]:

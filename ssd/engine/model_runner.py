@@ -53,7 +53,7 @@ class ModelRunner:
         lengths = [len(it.token_ids) for it in items]
         totals = [it.start_position + n for it, n in zip(items, lengths, strict=True)]
         num_q, num_s = max(lengths), max(totals)
-        single = len(items) == 1
+        uniform = len(set(lengths)) == 1  # tokens already form [B, Q]: no padding gather needed
         ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
         query_index = torch.zeros(len(items), num_q, dtype=torch.long)
         kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
@@ -72,15 +72,15 @@ class ModelRunner:
             token_batch.extend([b] * n)
             token_offset.extend(range(n))
             offset += n
-        needs_mask = not (single and num_q == 1)
+        needs_mask = not (len(items) == 1 and num_q == 1)
         ctx = ForwardContext(
             mode=mode,
             slot_mapping=torch.cat(slot_mapping).to(self.device),
             kv_slots=kv_slots.to(self.device),
             attn_mask=mask.unsqueeze(1).to(self.device) if needs_mask else None,  # [B, 1, Q, S]
-            query_index=None if single else query_index.to(self.device),
-            token_batch=None if single else torch.tensor(token_batch, device=self.device),
-            token_offset=None if single else torch.tensor(token_offset, device=self.device),
+            query_index=None if uniform else query_index.to(self.device),
+            token_batch=None if uniform else torch.tensor(token_batch, device=self.device),
+            token_offset=None if uniform else torch.tensor(token_offset, device=self.device),
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return ctx, input_ids, torch.cat(positions).to(self.device)

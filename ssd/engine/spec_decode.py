@@ -27,7 +27,7 @@ class SpeculativeDecoder:
         self.runner = runner
         self.block_manager = block_manager
         self.counters = SpecCounters()
-        self.features: dict[int, torch.Tensor] = {}  # seq id -> [n, F] features the proposer has not seen
+        self.features: dict[int, tuple[int, torch.Tensor]] = {}  # seq id -> (first position, [n, F] features)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -39,11 +39,12 @@ class SpeculativeDecoder:
         k = self.config.num_speculative_tokens
         return max(k, self.config.tree.budget) if self.config.tree is not None else k
 
-    def add_features(self, seq_id: int, features: torch.Tensor | None) -> None:
-        if features is None:
-            return
+    def add_features(self, seq_id: int, start: int, features: torch.Tensor) -> None:
+        """Queue target features of positions start.. for the proposer (later ones overwrite earlier)."""
         old = self.features.get(seq_id)
-        self.features[seq_id] = features if old is None else torch.cat([old, features])
+        if old is not None and old[0] <= start <= old[0] + len(old[1]):
+            start, features = old[0], torch.cat([old[1][: start - old[0]], features])
+        self.features[seq_id] = (start, features)
 
     def release(self, seq_id: int) -> None:
         self.features.pop(seq_id, None)
@@ -52,8 +53,9 @@ class SpeculativeDecoder:
     def _request(self, seq: Sequence, k: int) -> ProposeRequest:
         p = seq.params
         dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
+        start, features = self.features.pop(seq.seq_id, (0, None))
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
-                              self.features.pop(seq.seq_id, None))
+                              features, start)
 
     def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
         start = seq.num_cached_tokens  # the last committed token's position: the root
@@ -68,7 +70,10 @@ class SpeculativeDecoder:
 
     def run_round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
         """Accepted tokens + bonus token per sequence (before stop / length truncation)."""
-        specs = self.proposer.propose([self._request(s, k) for s in seqs])
+        asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
+        proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
+                            strict=True)) if asking else {}
+        specs = [proposed.get(s.seq_id, Speculation([])) for s in seqs]
         items = [self._item(s, spec) for s, spec in zip(seqs, specs, strict=True)]
         mode = ForwardMode.TREE if self.config.tree is not None else ForwardMode.VERIFY
         out = self.runner.forward(items, mode, self.feature_layers)
@@ -80,9 +85,10 @@ class SpeculativeDecoder:
             self._keep_path(seq, item, outcome)
             if out.aux_hidden is not None:  # features of the committed positions: root + accepted path
                 rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)])
-                self.add_features(seq.seq_id, out.aux_hidden[rows])
-            self.counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
-            seq.spec_counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
+                self.add_features(seq.seq_id, item.start_position, out.aux_hidden[rows])
+            if seq.params.speculate:
+                self.counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
+                seq.spec_counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
             results.append(outcome.tokens)
             offset += n
         return results

@@ -21,6 +21,31 @@ def store_kv(
     kv_cache[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
+# Up to this many queries per sequence (decode, verify, tree steps) plain matmuls beat torch's CPU
+# SDPA kernel by ~10x in bf16 (measured: B=8, S=300, Q=1: 0.36 ms vs 3.8 ms); prefill uses SDPA.
+MAX_MATMUL_QUERIES = 16
+
+
+def matmul_attention(
+    q: torch.Tensor,  # [B, Q, H, D]
+    k: torch.Tensor,  # [B, KVH, S, D]
+    v: torch.Tensor,  # [B, KVH, S, D]
+    mask: torch.Tensor | None,  # [B, 1, Q, S] bool
+    scale: float,
+) -> torch.Tensor:  # [B, Q, H, D]
+    """Grouped-query attention as two batched matmuls; scores and softmax in float32."""
+    b, nq, h, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh  # query heads per KV head; head i reads KV head i // g
+    qg = q.permute(0, 2, 1, 3).reshape(b, kvh, g * nq, d)  # [B, KVH, G*Q, D]
+    scores = (qg @ k.transpose(-1, -2)).float().view(b, kvh, g, nq, -1) * scale  # [B, KVH, G, Q, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, kvh, g * nq, -1)  # [B, KVH, G*Q, S]
+    out = (probs @ v).view(b, h, nq, d)  # [B, H, Q, D]
+    return out.transpose(1, 2)  # [B, Q, H, D]
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     kv_cache: torch.Tensor,  # [2, num_slots, KVH, D]
@@ -31,12 +56,16 @@ def paged_attention(
     num_seqs, num_keys = ctx.kv_slots.shape
     kv = kv_cache.index_select(1, ctx.kv_slots.view(-1))  # [2, B*S, KVH, D]
     kv = kv.view(2, num_seqs, num_keys, *kv.shape[2:]).transpose(2, 3)  # [2, B, KVH, S, D]
-    qp = q.unsqueeze(0) if ctx.query_index is None else q[ctx.query_index]  # [B, Q, H, D]
-    qp = qp.transpose(1, 2)  # [B, H, Q, D]
-    out = F.scaled_dot_product_attention(
-        qp, kv[0], kv[1], attn_mask=ctx.attn_mask, scale=scale, enable_gqa=qp.shape[1] != kv.shape[2]
-    ).transpose(1, 2)  # [B, Q, H, D]
-    return out[0] if ctx.query_index is None else out[ctx.token_batch, ctx.token_offset]  # [T, H, D]
+    uniform = ctx.query_index is None
+    qp = q.view(num_seqs, -1, *q.shape[1:]) if uniform else q[ctx.query_index]  # [B, Q, H, D]
+    if qp.shape[1] <= MAX_MATMUL_QUERIES:
+        out = matmul_attention(qp, kv[0], kv[1], ctx.attn_mask, scale)  # [B, Q, H, D]
+    else:
+        out = F.scaled_dot_product_attention(
+            qp.transpose(1, 2), kv[0], kv[1], attn_mask=ctx.attn_mask, scale=scale,
+            enable_gqa=qp.shape[2] != kv.shape[2],
+        ).transpose(1, 2)  # [B, Q, H, D]
+    return out.reshape(q.shape) if uniform else out[ctx.token_batch, ctx.token_offset]  # [T, H, D]
 
 
 class Attention(nn.Module):

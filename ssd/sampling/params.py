@@ -16,6 +16,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # finish when one is generated
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
     draft_temperature: float | None = None  # speculation: the draft's sampling temperature; None = temperature
+    speculate: bool = True  # False: plain decoding for this request even when the engine speculates
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):

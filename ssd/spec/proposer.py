@@ -36,7 +36,8 @@ class ProposeRequest:
     temperature: float  # draft sampling temperature; 0 = greedy draft (no q is returned)
     generator: torch.Generator  # the sequence's own random stream
     tree: TreeShape | None = None  # None = a chain
-    features: torch.Tensor | None = None  # [n, F] target features of committed tokens the proposer has not seen
+    features: torch.Tensor | None = None  # [n, F] target features of committed positions not sent before
+    features_start: int = 0  # the position of the first row of `features`
 
 
 class Proposer(Protocol):

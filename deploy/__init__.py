@@ -1,0 +1,1 @@
+"""Deployment: the local launcher for the whole stack (`ssd serve`)."""

@@ -1,0 +1,50 @@
+"""`ssd serve`: flags -> StackConfig, start the stack, print how to call it, stop on Ctrl-C / SIGTERM."""
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def add_serve_command(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("serve", help="run draft, target and gateway services on localhost")
+    s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
+    s.add_argument("--draft", default="ngram", help="draft service: 'ngram', a checkpoint, or 'none' (ar only)")
+    s.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    s.add_argument("--targets", type=int, default=1, help="target replicas")
+    s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
+    s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
+    s.add_argument("--k", type=int, default=4, help="lookahead K")
+    s.add_argument("--default-mode", default="sd", choices=["ar", "sd"])
+    s.add_argument("--api-key", default=None, help="require this bearer key (default: auth off, local only)")
+    s.add_argument("--log-dir", type=Path, default=None, help="write each service's log there")
+    s.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from deploy.local import StackConfig, start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
+
+    config = StackConfig(model=args.model, draft=None if args.draft == "none" else args.draft, dtype=args.dtype,
+                         num_targets=args.targets, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
+                         default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
+    if config.log_dir is not None:
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stack = start_stack(config)
+    auth = f' -H "Authorization: Bearer {args.api_key}"' if args.api_key else ""
+    sys.stdout.write(
+        f"\nssd-serve is up: {stack.url}  (gRPC ssd.v1.Generation on {stack.grpc_address})\n\n"
+        f"  curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+        f"    -d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}], "
+        f"\"max_tokens\": 32}}'\n\nCtrl-C stops it.\n")
+    sys.stdout.flush()
+    try:
+        while not stop.is_set() and all(c.proc.poll() is None for c in stack.children):
+            stop.wait(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_stack(stack)
+    return 0

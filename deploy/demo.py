@@ -1,0 +1,69 @@
+"""`make demo`: start the stack, send real prompts through the official openai client (streaming and not)
+in ar and sd modes, print the answers and tokens/s per mode, and shut the stack down."""
+
+import sys
+import time
+from pathlib import Path
+
+from openai import OpenAI
+
+from deploy.local import StackConfig, free_port, start_stack, stop_stack
+
+PROMPTS = [
+    "Explain in three sentences why the sky is blue.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "List three tips for writing clear code.",
+]
+MAX_TOKENS = 96
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def main() -> int:
+    log_dir = Path("out/demo-logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = StackConfig(model="smollm2-135m-instruct", draft="ngram", dtype="bfloat16",
+                         http_port=free_port(), grpc_port=free_port(), log_dir=log_dir)
+    _print(f"starting draft, target and gateway (logs in {log_dir}/) ...\n")
+    stack = start_stack(config)
+    try:
+        client = OpenAI(base_url=stack.url + "/v1", api_key="local")
+        rates: dict[str, list[float]] = {"ar": [], "sd": []}
+        for i, prompt in enumerate(PROMPTS):
+            for mode in ("ar", "sd"):
+                stream = i % 2 == 0
+                _print(f"\n--- [{mode}, {'streaming' if stream else 'not streaming'}] {prompt}\n")
+                start = time.perf_counter()
+                messages = [{"role": "user", "content": prompt}]
+                extra = {"mode": mode}
+                if stream:
+                    chunks = client.chat.completions.create(
+                        model=config.model, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                        stream_options={"include_usage": True}, extra_body=extra)
+                    tokens = 0
+                    for chunk in chunks:
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            _print(chunk.choices[0].delta.content)
+                        if chunk.usage is not None:
+                            tokens = chunk.usage.completion_tokens
+                else:
+                    reply = client.chat.completions.create(model=config.model, messages=messages,
+                                                           max_tokens=MAX_TOKENS, temperature=0, extra_body=extra)
+                    _print(reply.choices[0].message.content or "")
+                    tokens = reply.usage.completion_tokens
+                elapsed = time.perf_counter() - start
+                rates[mode].append(tokens / elapsed)
+                _print(f"\n[{tokens} tokens in {elapsed:.2f} s: {tokens / elapsed:.1f} tokens/s end to end]\n")
+        _print("\n=== tokens/s end to end (gateway + target, batch 1, bf16) ===\n")
+        for mode, values in rates.items():
+            _print(f"  {mode}: {sum(values) / len(values):.1f} tokens/s (mean of {len(values)})\n")
+    finally:
+        stop_stack(stack)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""`ssd serve`: start draft, target(s) and gateway as processes on localhost, wait until healthy, stop cleanly.
+
+On CPU each model service is pinned to a core of its own (os.sched_setaffinity) with one torch
+thread. Children are stopped by their pids (SIGTERM, then SIGKILL after a grace period).
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    model: str  # target checkpoint folder or known name
+    draft: str | None = "ngram"  # None = no draft service (ar only)
+    dtype: str = "bfloat16"
+    num_targets: int = 1
+    http_port: int = 8000
+    grpc_port: int = 50050
+    k: int = 4  # lookahead K
+    default_mode: str = "sd"
+    api_key: str | None = None  # None = auth disabled (local use)
+    log_dir: Path | None = None  # service logs; None = inherit stderr
+    draft_timeout_s: float = 5.0
+    health_interval_s: float = 0.5  # gateway's target polling period
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    address: str  # gRPC host:port (health)
+
+
+@dataclass
+class Stack:
+    config: StackConfig
+    children: list[Child] = field(default_factory=list)
+    draft_address: str | None = None
+    target_addresses: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.config.grpc_port}"
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+
+def _cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def spawn(name: str, args: list[str], address: str, core: int | None, log_dir: Path | None,
+          extra_env: dict[str, str] | None = None) -> Child:
+    """Start `python -m <args>`; pin it to `core` when given (model services also get --threads 1)."""
+    out = open(log_dir / f"{name}.log", "ab") if log_dir is not None else None  # noqa: SIM115 - owned by the child
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT if out else None,
+                            env=env, preexec_fn=preexec, start_new_session=True)
+    log.info("started", service=name, pid=proc.pid, address=address, core=core)
+    return Child(name, proc, address)
+
+
+def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Child:
+    c = stack.config
+    stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
+    child = spawn("draft", ["draft_service", "--draft", c.draft, "--address", stack.draft_address,
+                            "--dtype", c.dtype, "--threads", "1"], stack.draft_address, core, c.log_dir)
+    stack.children.append(child)
+    return child
+
+
+def start_target(stack: Stack, index: int, core: int | None) -> Child:
+    c = stack.config
+    address = f"127.0.0.1:{free_port()}"
+    args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
+            "--dtype", c.dtype, "--threads", "1", "--k", str(c.k), "--default-mode", c.default_mode,
+            "--draft-timeout-s", str(c.draft_timeout_s)]
+    if stack.draft_address:
+        args += ["--draft-address", stack.draft_address]
+    child = spawn(f"target-{index}", args, address, core, c.log_dir)
+    stack.children.append(child)
+    stack.target_addresses.append(address)
+    return child
+
+
+def start_gateway(stack: Stack) -> Child:
+    c = stack.config
+    args = ["gateway", "--http-address", f"127.0.0.1:{c.http_port}", "--grpc-address", stack.grpc_address,
+            "--health-interval-s", str(c.health_interval_s)]
+    for address in stack.target_addresses:
+        args += ["--target", address]
+    if c.api_key is None:
+        args.append("--no-auth")
+    env = {"SSD_API_KEYS": c.api_key} if c.api_key is not None else None  # never on the command line
+    child = spawn("gateway", args, stack.grpc_address, None, c.log_dir, env)
+    stack.children.append(child)
+    return child
+
+
+def is_serving(address: str, timeout_s: float = 1.0) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def wait_healthy(children: list[Child], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(children)
+    while pending:
+        for child in list(pending):
+            if child.proc.poll() is not None:
+                raise RuntimeError(f"{child.name} exited with code {child.proc.returncode} while starting")
+            if is_serving(child.address):
+                pending.remove(child)
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {[c.name for c in pending]}")
+        time.sleep(0.2)
+
+
+def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
+    """Start every service and return once all report SERVING (and the gateway sees a target)."""
+    stack = Stack(config)
+    cores = _cores()
+    next_core = iter(cores if len(cores) > 1 else [])
+    try:
+        if config.draft is not None:
+            start_draft(stack, next(next_core, None))
+        for i in range(config.num_targets):
+            start_target(stack, i, next(next_core, None))
+        start_gateway(stack)
+        wait_healthy(stack.children, timeout_s)
+        _wait_http(stack.url + "/health", timeout_s)
+    except BaseException:
+        stop_stack(stack)
+        raise
+    return stack
+
+
+def _wait_http(url: str, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not healthy after {timeout_s:.0f} s")
+
+
+def stop_child(child: Child, grace_s: float = 10.0) -> None:
+    if child.proc.poll() is None:
+        child.proc.send_signal(signal.SIGTERM)
+        try:
+            child.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("did not stop in time; killing", service=child.name, pid=child.proc.pid)
+            child.proc.kill()
+            child.proc.wait()
+
+
+def stop_stack(stack: Stack, grace_s: float = 10.0) -> None:
+    """Gateway first (no new requests), then targets, then the draft; each by its pid."""
+    for child in reversed(stack.children):
+        stop_child(child, grace_s)
+    log.info("stack stopped")

@@ -1,0 +1,41 @@
+"""`python -m draft_service --draft ngram --address 127.0.0.1:50052`: run the draft service."""
+
+import asyncio
+
+import structlog
+import torch
+
+from draft_service.config import DraftServiceConfig, parse_args
+from draft_service.proposers import build_service_proposer
+from draft_service.speculator import SpeculatorServicer
+from protos import require_current_stubs
+from protos.ssd.v1 import draft_pb2_grpc
+from rpc.engine_errors import ENGINE_STATUS
+from rpc.logging import configure_service_logging
+from rpc.server import GrpcServer, ServiceSpec
+
+log = structlog.get_logger(__name__)
+
+
+async def serve(config: DraftServiceConfig) -> None:
+    torch.set_num_threads(config.num_threads)
+    proposer, vocab = build_service_proposer(config)
+    servicer = SpeculatorServicer(proposer, config.draft, vocab)
+    spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
+    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
+
+    async def on_stop() -> None:
+        servicer.executor.shutdown(wait=True)
+
+    await server.run(on_stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    configure_service_logging("draft", config.log_level, json=config.log_json)
+    require_current_stubs()
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

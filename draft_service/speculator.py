@@ -1,0 +1,87 @@
+"""The Speculator servicer: sessions over one bidi stream each, proposals in one worker thread.
+
+Proposer work (model forwards) runs in a single-thread executor, so the event loop keeps serving
+and the proposer, which is not thread-safe, sees one call at a time across all sessions.
+"""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+from grpc import aio
+
+from draft_service.session import Session
+from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from ssd.spec.metrics import SpecCounters
+from ssd.spec.proposer import Proposer
+
+log = structlog.get_logger(__name__)
+
+
+class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
+    def __init__(self, proposer: Proposer, draft_name: str, vocab_size: int) -> None:
+        self.proposer = proposer
+        self.draft_name = draft_name
+        self.vocab_size = vocab_size
+        self.sessions: dict[str, Session] = {}
+        self.counters = SpecCounters()  # rounds and draft tokens proposed (acceptance is the target's)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proposer")
+
+    async def _in_worker(self, fn, *args):  # noqa: ANN001, ANN202 - thin executor hop
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def _hello(self, hello: draft_pb2.Hello) -> draft_pb2.SessionResponse | None:
+        if self.vocab_size and hello.vocab_size and hello.vocab_size != self.vocab_size:
+            return draft_pb2.SessionResponse(error=draft_pb2.Error(
+                code="FAILED_PRECONDITION",
+                message=f"the draft's vocabulary has {self.vocab_size} tokens, the target's {hello.vocab_size}"))
+        return None
+
+    async def Session(self, request_iterator: AsyncIterator[draft_pb2.SessionRequest],
+                      context: aio.ServicerContext) -> AsyncIterator[draft_pb2.SessionResponse]:
+        key = uuid.uuid4().hex
+        session = Session(self.proposer, target_id="unknown")
+        self.sessions[key] = session
+        bound = log.bind(session=key[:8])
+        try:
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("kind")
+                if kind == "hello":
+                    session.target_id = msg.hello.target_id
+                    bound.info("session opened", target=session.target_id)
+                    error = self._hello(msg.hello)
+                    yield error or draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
+                        draft_name=self.draft_name, transport=common_pb2.TENSOR_TRANSPORT_INLINE))
+                elif kind == "round":
+                    specs = await self._in_worker(session.run_round, msg.round)
+                    for item in specs.items:
+                        self.counters.record(len(item.token_ids), 0, 0)
+                    for err in specs.errors:
+                        bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
+                elif kind == "release":
+                    await self._in_worker(session.release, list(msg.release.seq_ids))
+                else:
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, error=draft_pb2.Error(
+                        code="INVALID_ARGUMENT", message="a SessionRequest needs hello, round or release"))
+        finally:
+            self.sessions.pop(key, None)
+            await self._in_worker(session.close)
+            bound.info("session closed", target=session.target_id)
+
+    async def GetInfo(self, request: draft_pb2.DraftInfoRequest, context: aio.ServicerContext) -> draft_pb2.DraftInfo:
+        return draft_pb2.DraftInfo(draft_name=self.draft_name, vocab_size=self.vocab_size,
+                                   has_q=self.draft_name != "ngram")
+
+    async def GetLoad(self, request: common_pb2.LoadRequest, context: aio.ServicerContext) -> common_pb2.Load:
+        worker = getattr(self.proposer, "worker", None)
+        total = used = 0
+        if worker is not None:
+            total = worker.block_manager.num_blocks
+            used = total - worker.block_manager.num_free_blocks
+        return common_pb2.Load(
+            num_sequences=sum(len(s.seqs) for s in self.sessions.values()),
+            num_used_kv_blocks=used, num_kv_blocks=total, num_running=len(self.sessions),
+            num_drafts=self.counters.num_drafts, num_draft_tokens=self.counters.num_draft_tokens)

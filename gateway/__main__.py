@@ -1,0 +1,70 @@
+"""`python -m gateway --target 127.0.0.1:50051 --no-auth`: the gRPC API and the HTTP bridge in one event loop."""
+
+import asyncio
+import contextlib
+import sys
+
+import structlog
+import uvicorn
+
+from gateway.auth import ApiKeys
+from gateway.config import ConfigError, GatewayConfig, parse_args
+from gateway.generation import TextGenerator
+from gateway.grpc_api import GenerationServicer
+from gateway.http_api import build_app
+from gateway.metrics import GatewayMetrics
+from gateway.router import Router
+from protos import require_current_stubs
+from protos.ssd.v1 import gateway_pb2_grpc
+from rpc.logging import configure_service_logging
+from rpc.server import GrpcServer, ServiceSpec
+
+log = structlog.get_logger(__name__)
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the gRPC server's SIGTERM handler stops both."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # noqa: ANN201
+        yield
+
+
+async def serve(config: GatewayConfig) -> None:
+    router = Router(config.targets, config.health_interval_s)
+    await router.start()
+    metrics = GatewayMetrics(router)
+    keys = ApiKeys(config.api_keys, config.is_auth_disabled)
+    if config.is_auth_disabled:
+        log.warning("API-key authentication is disabled")
+    generator = TextGenerator(config, router, metrics)
+    app = build_app(generator, keys, config.max_request_bytes, metrics.render)
+    host, port = config.http_address.rsplit(":", 1)
+    http = _HttpServer(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
+                                      timeout_graceful_shutdown=int(config.grace_s)))
+    http_task = asyncio.create_task(http.serve())
+    spec = ServiceSpec("ssd.v1.Generation", GenerationServicer(generator, keys),
+                       gateway_pb2_grpc.add_GenerationServicer_to_server)
+    server = GrpcServer([spec], config.grpc_address, {}, grace_s=config.grace_s)
+
+    async def on_stop() -> None:
+        http.should_exit = True
+        await http_task
+        await router.close()
+
+    await server.run(on_stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        config = parse_args(argv)
+    except ConfigError as e:
+        sys.stderr.write(f"gateway: {e}\n")
+        raise SystemExit(2) from e
+    configure_service_logging("gateway", config.log_level, json=config.log_json)
+    require_current_stubs()
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

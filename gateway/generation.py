@@ -1,0 +1,174 @@
+"""Text-level generation shared by the gRPC API and the HTTP bridge.
+
+Tokenize (chat template), validate, route, stream token ids from a target, detokenize
+incrementally, apply stop strings, count usage, record metrics. A request that has streamed
+nothing is retried on another replica when its target is UNAVAILABLE. Leaving the iterator early
+(client gone, stop string) cancels the target call, which aborts the request and frees its KV.
+"""
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from gateway.config import GatewayConfig
+from gateway.errors import InvalidRequest, ModelNotFound, NoReplica, UpstreamError
+from gateway.metrics import GatewayMetrics
+from gateway.router import Router
+from gateway.tokenizer import IncrementalDetokenizer, StopStrings, TextTokenizer
+from protos.ssd.v1 import common_pb2, target_pb2
+
+log = structlog.get_logger(__name__)
+
+FINISH_NAMES = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
+                common_pb2.FINISH_REASON_ABORT: "abort"}
+MODES = {"ar": common_pb2.SPECULATION_MODE_AR, "sd": common_pb2.SPECULATION_MODE_SD,
+         "ssd": common_pb2.SPECULATION_MODE_SSD, None: common_pb2.SPECULATION_MODE_UNSPECIFIED}
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    model: str | None  # None / "" = the served model
+    prompt: str | None  # a raw prompt, or
+    messages: list[dict] | None  # chat messages (the template is applied)
+    params: common_pb2.SamplingParams  # max_tokens 0 = the default
+    stop: tuple[str, ...] = ()
+    mode: str | None = None  # "ar" | "sd" | None (the target's default)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class TextDelta:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort", on the last delta
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    spec: common_pb2.SpeculationStats | None = None
+
+
+class TextGenerator:
+    def __init__(self, config: GatewayConfig, router: Router, metrics: GatewayMetrics) -> None:
+        self.config = config
+        self.router = router
+        self.metrics = metrics
+        self._tokenizer: TextTokenizer | None = None
+
+    @property
+    def model_name(self) -> str:
+        info = self.router.info()
+        return self.config.model_name or (info.model_name if info is not None else "unknown")
+
+    def tokenizer(self) -> TextTokenizer:
+        if self._tokenizer is None:
+            info = self.router.info()
+            if info is None:
+                raise NoReplica("no target replica has answered yet; retry shortly")
+            self._tokenizer = TextTokenizer(info.tokenizer)
+        return self._tokenizer
+
+    def prepare(self, req: TextRequest) -> tuple[list[int], common_pb2.SamplingParams]:
+        """Prompt token ids and final sampling params; raises InvalidRequest / ModelNotFound."""
+        if req.model and req.model != self.model_name:
+            raise ModelNotFound(f"the model '{req.model}' does not exist; this server serves '{self.model_name}'",
+                                param="model")
+        if req.mode not in MODES:
+            raise InvalidRequest(f"mode must be 'ar' or 'sd', got {req.mode!r}", param="mode")
+        tok = self.tokenizer()
+        text = tok.chat_prompt(req.messages) if req.messages is not None else req.prompt
+        if not text:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        ids = tok.encode(text)
+        info = self.router.info()
+        max_len = info.max_model_len if info is not None else 0
+        limit = self.config.max_prompt_tokens or max(1, max_len - 1)
+        if len(ids) > limit:
+            raise InvalidRequest(f"the prompt has {len(ids)} tokens; at most {limit} are allowed", param="prompt")
+        params = common_pb2.SamplingParams()
+        params.CopyFrom(req.params)
+        if params.max_tokens < 0:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {params.max_tokens}", param="max_tokens")
+        if params.max_tokens == 0:
+            params.max_tokens = self.config.default_max_tokens
+        if max_len:
+            params.max_tokens = max(1, min(params.max_tokens, max_len - len(ids)))
+        return ids, params
+
+    async def stream(self, req: TextRequest) -> AsyncIterator[TextDelta]:
+        ids, params = self.prepare(req)
+        structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        start = time.perf_counter()
+        detok = IncrementalDetokenizer(self.tokenizer())
+        stops = StopStrings(list(req.stop))
+        target_req = target_pb2.VerifierGenerateRequest(request_id=req.request_id, prompt_token_ids=ids,
+                                                        params=params, mode=MODES[req.mode])
+        num_tokens, last_time, tried = 0, None, set()
+        self.metrics.prompt_tokens.inc(len(ids))
+        while True:
+            replica = await self.router.pick(ids, tried)
+            call = replica.stub.Generate(target_req)
+            replica.num_outstanding_tokens += params.max_tokens
+            try:
+                async for msg in call:
+                    now = time.perf_counter()
+                    n = len(msg.token_ids)
+                    if n:
+                        if last_time is None:
+                            self.metrics.ttft.observe(now - start)
+                        else:
+                            for _ in range(n):
+                                self.metrics.itl.observe((now - last_time) / n)
+                        last_time = now
+                    num_tokens += n
+                    self.metrics.generation_tokens.inc(n)
+                    is_last = msg.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+                    text = stops.push(detok.push(list(msg.token_ids)), is_last=is_last)
+                    finish = "stop" if stops.is_stopped else FINISH_NAMES.get(msg.finish_reason)
+                    delta = TextDelta(text, list(msg.token_ids), finish, len(ids), num_tokens,
+                                      msg.num_cached_prompt_tokens)
+                    if finish is not None:
+                        delta.spec = msg.spec if msg.HasField("spec") else None
+                        self._finished(delta, start)
+                        yield delta
+                        return
+                    yield delta
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE and num_tokens == 0:
+                    self.router.mark_down(replica)
+                    tried.add(replica.address)
+                    self.metrics.retries.inc()
+                    log.warning("target unavailable; retrying elsewhere", replica=replica.address)
+                    continue
+                self.metrics.errors.labels(e.code().name).inc()
+                raise UpstreamError(e.code(), e.details() or e.code().name) from e
+            finally:
+                replica.num_outstanding_tokens -= params.max_tokens
+                call.cancel()  # no-op when finished; aborts the target request otherwise
+
+    def _finished(self, delta: TextDelta, start: float) -> None:
+        self.metrics.e2e.observe(time.perf_counter() - start)
+        self.metrics.requests.labels(delta.finish_reason).inc()
+        if delta.spec is not None:
+            self.metrics.spec_drafts.inc(delta.spec.num_drafts)
+            self.metrics.spec_draft_tokens.inc(delta.spec.num_draft_tokens)
+            self.metrics.spec_accepted.inc(delta.spec.num_accepted_tokens)
+            self.metrics.spec_hits.inc(delta.spec.num_cache_hits)
+            self.metrics.spec_misses.inc(delta.spec.num_cache_misses)
+        log.info("finished", finish_reason=delta.finish_reason, prompt_tokens=delta.prompt_tokens,
+                 completion_tokens=delta.completion_tokens)
+
+    async def complete(self, req: TextRequest) -> TextDelta:
+        """The whole completion as one delta (text and token ids concatenated)."""
+        text, ids, last = [], [], None
+        async for delta in self.stream(req):
+            text.append(delta.text)
+            ids.extend(delta.token_ids)
+            last = delta
+        assert last is not None  # stream() always ends with a finish delta or raises
+        return TextDelta("".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens,
+                         last.cached_prompt_tokens, last.spec)

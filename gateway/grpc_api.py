@@ -1,0 +1,73 @@
+"""The public Generation gRPC API: the same TextGenerator as the HTTP bridge, proto in and out."""
+
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from gateway.auth import ApiKeys
+from gateway.errors import InvalidRequest
+from gateway.generation import TextDelta, TextGenerator, TextRequest
+from protos.ssd.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+FINISH_CODES = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH,
+                "abort": common_pb2.FINISH_REASON_ABORT, None: common_pb2.FINISH_REASON_UNSPECIFIED}
+MODE_NAMES = {common_pb2.SPECULATION_MODE_UNSPECIFIED: None, common_pb2.SPECULATION_MODE_AR: "ar",
+              common_pb2.SPECULATION_MODE_SD: "sd", common_pb2.SPECULATION_MODE_SSD: "ssd"}
+
+
+def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
+    which = req.WhichOneof("input")
+    if which is None:
+        raise InvalidRequest("a GenerateRequest needs a prompt or chat messages")
+    if req.max_tokens < 0:
+        raise InvalidRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
+    params = common_pb2.SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k,
+                                       max_tokens=req.max_tokens)
+    if req.HasField("seed"):
+        params.seed = req.seed
+    messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
+    return TextRequest(req.model or None, req.prompt if which == "prompt" else None, messages, params,
+                       tuple(req.stop), MODE_NAMES.get(req.mode))
+
+
+def _usage(d: TextDelta) -> gateway_pb2.Usage:
+    return gateway_pb2.Usage(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
+                             cached_prompt_tokens=d.cached_prompt_tokens)
+
+
+class GenerationServicer(gateway_pb2_grpc.GenerationServicer):
+    def __init__(self, generator: TextGenerator, keys: ApiKeys) -> None:
+        self.generator = generator
+        self.keys = keys
+
+    def _auth(self, context: aio.ServicerContext) -> None:
+        self.keys.check(dict(context.invocation_metadata() or ()).get("authorization"))
+
+    async def Generate(self, request: gateway_pb2.GenerateRequest,
+                       context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
+        self._auth(context)
+        req = _text_request(request)
+        d = await self.generator.complete(req)
+        out = gateway_pb2.GenerateResponse(request_id=req.request_id, text=d.text,
+                                           finish_reason=FINISH_CODES[d.finish_reason], usage=_usage(d))
+        if d.spec is not None:
+            out.spec.CopyFrom(d.spec)
+        return out
+
+    async def GenerateStream(self, request: gateway_pb2.GenerateRequest,
+                             context: aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
+        self._auth(context)
+        req = _text_request(request)
+        async for d in self.generator.stream(req):
+            msg = gateway_pb2.GenerateStreamResponse(request_id=req.request_id, text=d.text, token_ids=d.token_ids,
+                                                     finish_reason=FINISH_CODES[d.finish_reason])
+            if d.finish_reason is not None:
+                msg.usage.CopyFrom(_usage(d))
+                if d.spec is not None:
+                    msg.spec.CopyFrom(d.spec)
+            yield msg
+
+    async def ListModels(self, request: gateway_pb2.ListModelsRequest,
+                         context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
+        self._auth(context)
+        return gateway_pb2.ListModelsResponse(models=[self.generator.model_name])

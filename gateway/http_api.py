@@ -1,0 +1,148 @@
+"""The OpenAI-compatible HTTP bridge: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health, /metrics.
+
+Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps to.
+"""
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.auth import ApiKeys
+from gateway.errors import GatewayError, InvalidRequest, openai_error_body
+from gateway.generation import TextDelta, TextGenerator, TextRequest
+from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
+from protos.ssd.v1 import common_pb2
+
+
+def _params(body: _Sampling, max_tokens: int | None) -> common_pb2.SamplingParams:
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+    params = common_pb2.SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                       max_tokens=max_tokens or 0)
+    if body.seed is not None:
+        params.seed = body.seed
+    return params
+
+
+def _usage(d: TextDelta) -> dict:
+    usage = {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+             "total_tokens": d.prompt_tokens + d.completion_tokens,
+             "prompt_tokens_details": {"cached_tokens": d.cached_prompt_tokens}}
+    if d.spec is not None:  # extension: per-request speculation stats
+        usage["speculation"] = {"num_drafts": d.spec.num_drafts, "num_draft_tokens": d.spec.num_draft_tokens,
+                                "num_accepted_tokens": d.spec.num_accepted_tokens}
+    return usage
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, metrics_render) -> FastAPI:  # noqa: ANN001
+    app = FastAPI(title="ssd-serve gateway", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, e: GatewayError) -> JSONResponse:
+        return JSONResponse(openai_error_body(e.http_status, str(e), e.param), status_code=e.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        message = f"invalid request body: {loc + ': ' if loc else ''}{first.get('msg', 'malformed')}"
+        return JSONResponse(openai_error_body(400, message, loc or None), status_code=400)
+
+    @app.middleware("http")
+    async def limits_and_auth(request: Request, call_next):  # noqa: ANN001, ANN202
+        if request.url.path.startswith("/v1/"):
+            try:
+                keys.check(request.headers.get("authorization"))
+            except GatewayError as e:
+                return JSONResponse(openai_error_body(401, str(e)), status_code=401)
+            size = int(request.headers.get("content-length") or 0)
+            if size > max_request_bytes:
+                message = f"the request body has {size} bytes; at most {max_request_bytes} are allowed"
+                return JSONResponse(openai_error_body(413, message), status_code=413)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        healthy = [r.address for r in generator.router.replicas if r.is_healthy]
+        return JSONResponse({"status": "ok" if healthy else "unavailable", "replicas": healthy},
+                            status_code=200 if healthy else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(metrics_render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
+                                            "owned_by": "ssd-serve"}]}
+
+    async def run(req: TextRequest, stream: bool, include_usage: bool, chat: bool) -> Response:
+        created, model = int(time.time()), generator.model_name
+        rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
+        obj = "chat.completion" if chat else "text_completion"
+        headers = {"x-request-id": req.request_id}
+        if not stream:
+            d = await generator.complete(req)
+            choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": None}
+            choice |= {"message": {"role": "assistant", "content": d.text}} if chat else {"text": d.text}
+            return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
+                                 "choices": [choice], "usage": _usage(d)}, headers=headers)
+        deltas = generator.stream(req)
+        first = await anext(deltas)  # errors before the first token still get a proper HTTP status
+
+        def chunk(d: TextDelta) -> dict:
+            choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": None}
+            choice |= {"delta": {"content": d.text}} if chat else {"text": d.text}
+            return {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": model,
+                    "choices": [choice]}
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                if chat:
+                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}]})
+                last = first
+                yield _sse(chunk(first))
+                if first.finish_reason is None:
+                    async for d in deltas:
+                        last = d
+                        if d.text or d.finish_reason is not None:
+                            yield _sse(chunk(d))
+                if include_usage:
+                    yield _sse({"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
+                                "model": model, "choices": [], "usage": _usage(last)})
+            except GatewayError as e:
+                yield _sse(openai_error_body(e.http_status, str(e)))
+            finally:
+                await deltas.aclose()  # client gone: cancels the target call, freeing its KV
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Response:
+        prompt = body.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise InvalidRequest("exactly one prompt per request is supported", param="prompt")
+            prompt = prompt[0]
+        req = TextRequest(body.model, prompt, None, _params(body, body.max_tokens), body.stop_list(), body.mode)
+        return await run(req, body.stream, bool(body.stream_options and body.stream_options.include_usage), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        req = TextRequest(body.model, None, messages, _params(body, max_tokens), body.stop_list(), body.mode)
+        return await run(req, body.stream, bool(body.stream_options and body.stream_options.include_usage), chat=True)
+
+    return app

@@ -1,0 +1,89 @@
+"""Text <-> token ids with the `tokenizers` library and the model's Jinja chat template (no transformers, no torch).
+
+Matches the engine's tokenizer: encode without special tokens, decode skipping them, the chat
+template rendered as transformers renders it (sandboxed, trim_blocks, lstrip_blocks).
+"""
+
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from gateway.errors import InvalidRequest
+from protos.ssd.v1 import target_pb2
+
+
+def _raise(message: str) -> None:
+    raise InvalidRequest(message)
+
+
+class TextTokenizer:
+    def __init__(self, files: target_pb2.TokenizerFiles) -> None:
+        if not files.tokenizer_json:
+            raise InvalidRequest("the served model has no tokenizer; text prompts are not available")
+        self._tok = Tokenizer.from_str(files.tokenizer_json.decode())
+        self.bos_token, self.eos_token = files.bos_token, files.eos_token
+        self._template = None
+        if files.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(files.chat_template)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        if self._template is None:
+            raise InvalidRequest("this model has no chat template; use /v1/completions with a prompt")
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=True,
+                                         bos_token=self.bos_token, eos_token=self.eos_token)
+        except jinja2.TemplateError as e:
+            raise InvalidRequest(f"the chat template rejected the messages: {e}") from e
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text deltas out; holds back an incomplete UTF-8 character until it completes."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.text = ""
+
+    def push(self, new_ids: list[int]) -> str:
+        self.token_ids.extend(new_ids)
+        full = self.tokenizer.decode(self.token_ids)
+        if full.endswith("\ufffd"):
+            return ""
+        delta, self.text = full[len(self.text) :], full
+        return delta
+
+
+class StopStrings:
+    """Cuts the text before the first stop string; holds back a tail that could still start one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.pending = ""
+        self.is_stopped = False
+
+    def push(self, delta: str, is_last: bool = False) -> str:
+        """Text safe to emit now; sets is_stopped when a stop string appeared."""
+        self.pending += delta
+        hits = [at for at in (self.pending.find(stop) for stop in self.stops) if at >= 0]
+        if hits:
+            self.is_stopped = True
+            out, self.pending = self.pending[: min(hits)], ""
+            return out
+        if is_last or not self.hold:
+            out, self.pending = self.pending, ""
+            return out
+        cut = max(0, len(self.pending) - self.hold)
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out

@@ -1,0 +1,118 @@
+"""The `ssd train-draft` and `ssd eval-draft` commands: flags -> frozen configs -> data, training, evaluation."""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+def _resolve(name: str) -> str:
+    from ssd.model_store import resolve_model
+
+    return str(resolve_model(name))
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from ssd.draft_training.corpus import CorpusConfig, generate_corpus_data
+    from ssd.draft_training.data_gen import DataConfig, generate_data
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    started = time.perf_counter()
+    out = Path(args.out)
+    from ssd.paths import cache_root
+
+    work = Path(args.work_dir) if args.work_dir else cache_root() / "draft-training" / out.resolve().name
+    data_dir = work / "data"
+    data = DataConfig(
+        target=_resolve(args.target), seed=args.seed, num_chat=args.num_chat, num_code_stubs=args.num_code_stubs,
+        num_code_chat=args.num_code_chat, num_docs=args.num_docs, max_new_tokens=args.max_new_tokens,
+        top_k=args.top_k, dtype=args.dtype, num_threads=args.threads, max_shards=args.max_data_shards,
+    )
+    shards = generate_data(data, data_dir)
+    if args.num_corpus_windows:
+        corpus = CorpusConfig(target=data.target, aux_layers=data.resolved_aux_layers(), seed=args.seed,
+                              num_windows=args.num_corpus_windows, top_k=args.top_k, dtype=args.dtype)
+        shards += generate_corpus_data(corpus, work / "corpus")
+    data_s = time.perf_counter() - started
+    log.info("draft data ready", shards=len(shards), seconds=round(data_s))
+    if args.data_only:
+        return 0
+    from ssd.draft_training.trainer import TrainConfig, train_head
+
+    train = TrainConfig(
+        target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
+        num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
+        max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
+        max_train_minutes=args.max_train_minutes,
+    )
+    summary = train_head(train, shards, out, work / "checkpoints")
+    summary.update(data_seconds=round(data_s), total_seconds=round(time.perf_counter() - started))
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("train-draft done", **summary)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from bench.datasets import load_prompts  # noqa: PLC0415 - the held-out sets live with the benchmarks
+    from ssd.draft_training.evaluate import EvalConfig, HeldOutPrompt, evaluate_head, format_report
+
+    prompts = [HeldOutPrompt(p.dataset, p.text, p.is_chat) for p in load_prompts("all", args.num_prompts)]
+    config = EvalConfig(target=_resolve(args.target), draft=args.draft, num_prompts=args.num_prompts,
+                        max_new_tokens=args.max_new_tokens, tree_budget=args.tree_budget, dtype=args.dtype,
+                        num_threads=args.threads)
+    report = evaluate_head(config, prompts)
+    text = format_report(report)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `train-draft` and `eval-draft` on the `ssd` command's subparsers."""
+    t = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a target by self-distillation")
+    t.add_argument("--target", required=True, help="target checkpoint folder or known model name")
+    t.add_argument("--out", required=True, help="folder for the trained head (config.json, model.safetensors)")
+    t.add_argument("--work-dir", default=None,
+                   help="feature cache and checkpoints (resumable); default <cache>/draft-training/<OUT name>")
+    t.add_argument("--data-only", action="store_true", help="stop after generating the training data")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--num-chat", type=int, default=560)
+    t.add_argument("--num-code-stubs", type=int, default=176)
+    t.add_argument("--num-code-chat", type=int, default=208)
+    t.add_argument("--num-docs", type=int, default=80)
+    t.add_argument("--max-new-tokens", type=int, default=256)
+    t.add_argument("--max-data-shards", type=int, default=None,
+                   help="generate only the first N shards of 64 prompts (a fixed prefix); default all 16")
+    t.add_argument("--num-corpus-windows", type=int, default=512,
+                   help="teacher-forced windows of real text (stdlib source, package docs); 0 = none")
+    t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")
+    t.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="target dtype for data")
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--epochs", type=float, default=4.0)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--batch-tokens", type=int, default=4096)
+    t.add_argument("--unroll", type=int, default=3, help="training-time-test steps (1 = no unroll)")
+    t.add_argument("--vocab-coverage", type=float, default=0.95)
+    t.add_argument("--min-draft-vocab", type=int, default=8192)
+    t.add_argument("--max-draft-vocab", type=int, default=12288)
+    t.add_argument("--prompt-loss-weight", type=float, default=0.3)
+    t.add_argument("--max-train-minutes", type=float, default=None, help="stop training after this long")
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("eval-draft", help="acceptance of a draft head on held-out MT-Bench + HumanEval prompts")
+    e.add_argument("--target", required=True)
+    e.add_argument("--draft", required=True)
+    e.add_argument("--num-prompts", type=int, default=16, help="per data set")
+    e.add_argument("--max-new-tokens", type=int, default=128)
+    e.add_argument("--tree-budget", type=int, default=16, help="draft tokens in the token tree")
+    e.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--json", default=None, help="also write the report as JSON here")
+    e.set_defaults(func=_cmd_eval)

@@ -1,0 +1,226 @@
+"""Train an EAGLE-3 head on the stored self-distillation data: soft cross-entropy to the target's top-k
+distribution restricted to the draft vocabulary, over a few training-time-test steps.
+
+Deterministic for a seed (batch order, initialization) unless `max_train_minutes` cuts training short.
+A checkpoint (head + optimizer + step) is written after every epoch and resumed from when present.
+"""
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from tqdm.auto import tqdm
+
+from ssd.draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
+from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
+from ssd.draft_training.unroll import unrolled_logits
+from ssd.loader.eagle3_checkpoint import save_eagle3_head
+from ssd.loader.safetensors_loader import iter_tensors
+from ssd.model_config import load_model_config
+from ssd.models.eagle3 import Eagle3Config, Eagle3Head
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    target: str  # target checkpoint folder (its embedding, final norm and LM head seed the head)
+    seed: int = 0
+    epochs: float = 4.0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 30
+    batch_tokens: int = 4096  # padded head positions per batch
+    num_unroll: int = 3  # training-time-test steps; 1 = plain teacher forcing
+    step_decay: float = 0.8  # loss weight of unroll step s is step_decay**s
+    draft_vocab_coverage: float = 0.95
+    min_draft_vocab: int = 8192
+    max_draft_vocab: int = 12288
+    prompt_loss_weight: float = 0.3  # weight of positions predicting prompt tokens (answers weigh 1)
+    validation_fraction: float = 0.04
+    max_train_minutes: float | None = None
+    grad_clip: float = 1.0
+    is_bf16_autocast: bool = True  # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on these CPUs
+
+
+def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
+                       weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, L, Vd]; label_ids/probs [B, L, k]; weights [B, L] -> (weighted mean loss, top-1 agreement)."""
+    logp = torch.log_softmax(logits, dim=-1)  # [B, L, Vd]
+    picked = logp.gather(-1, label_ids.clamp(min=0))  # [B, L, k]
+    probs = label_probs / label_probs.sum(-1, keepdim=True).clamp(min=1e-9)  # renormalized to the draft vocab
+    per_row = -(probs * picked).sum(-1)  # [B, L]
+    weights = weights * (label_probs.sum(-1) > 0)
+    loss = (per_row * weights).sum() / weights.sum().clamp(min=1e-9)
+    best = label_ids.gather(-1, label_probs.argmax(-1, keepdim=True))[..., 0]  # [B, L] target's top draft id
+    hit = ((logits.argmax(-1) == best) & (weights > 0)).float()
+    return loss, hit.sum() / (weights > 0).float().sum().clamp(min=1)
+
+
+def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig) -> tuple[torch.Tensor, list[float], list[float]]:
+    """Total weighted loss over the unroll steps, plus per-step loss and top-1 agreement (for logs)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.is_bf16_autocast):
+        hidden = head.fuse(batch.features)  # [B, L, d]
+        per_step = unrolled_logits(head, batch.input_ids, hidden, batch.attention_mask, config.num_unroll)
+    length = batch.input_ids.shape[1]
+    total = torch.zeros(())
+    losses, agree = [], []
+    for s, logits in enumerate(per_step):
+        valid = batch.attention_mask.float()  # [B, L]: step s at j exists only where j is real
+        loss, hit = soft_cross_entropy(logits, batch.label_ids[:, s : s + length], batch.label_probs[:, s : s + length],
+                                       batch.weights[:, s : s + length] * valid)
+        total = total + config.step_decay**s * loss
+        losses.append(float(loss.detach()))
+        agree.append(float(hit))
+    return total, losses, agree
+
+
+def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
+    """A head shaped after the target; lm_head rows, final norm and embedding copied from the target."""
+    target_config = load_model_config(Path(config.target))
+    weights = dict(iter_tensors(Path(config.target)))
+    embedding = weights["model.embed_tokens.weight"].float()  # [V, d]
+    lm_head = weights.get("lm_head.weight", embedding).float()
+    torch.manual_seed(config.seed)
+    head = Eagle3Head(Eagle3Config.from_target(target_config, vocab.size), embedding)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(lm_head[vocab.target_ids])
+        head.norm.weight.copy_(weights["model.norm.weight"].float())
+        head.d2t.copy_(vocab.d2t)
+        head.t2d.copy_(vocab.t2d)
+    return head
+
+
+def _evaluate(head: Eagle3Head, batches: list[Batch], config: TrainConfig) -> dict[str, Any]:
+    head.eval()
+    losses, agree = [], []
+    with torch.no_grad():
+        for b in batches:
+            _, ls, ag = batch_loss(head, b, config)
+            losses.append(ls)
+            agree.append(ag)
+    head.train()
+    mean = lambda rows, s: round(sum(r[s] for r in rows) / len(rows), 4)  # noqa: E731
+    return {"val_loss": [mean(losses, s) for s in range(config.num_unroll)],
+            "val_top1": [mean(agree, s) for s in range(config.num_unroll)]}
+
+
+def _draft_vocab(seqs: list[DistilledSequence], config: TrainConfig) -> DraftVocab:
+    """Ranked by the target's probability mass where it writes its own answers (rows P-1.. of self-distilled
+    sequences: what the draft must predict when serving), ties and the tail filled by the mass over all rows
+    (corpus windows included) at a small weight. Coverage is over the answers' stored top-k mass."""
+    vocab_size = load_model_config(Path(config.target)).vocab_size
+    answers = [(s.topk_ids[s.prompt_len - 1 :], s.topk_logprobs[s.prompt_len - 1 :]) for s in seqs if s.prompt_len > 0]
+    everything = [(s.topk_ids, s.topk_logprobs) for s in seqs]
+    mass = lambda rows: token_mass(torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows]), vocab_size)  # noqa: E731
+    all_mass = mass(everything)
+    if not answers:
+        return choose_draft_vocab(all_mass, float(all_mass.sum()), config.draft_vocab_coverage,
+                                  config.min_draft_vocab, config.max_draft_vocab)
+    answer_mass = mass(answers)
+    ranking = answer_mass / answer_mass.sum() + 0.05 * all_mass / all_mass.sum()
+    vocab = choose_draft_vocab(ranking, float(ranking.sum()), config.draft_vocab_coverage,
+                               config.min_draft_vocab, config.max_draft_vocab)
+    covered = float(answer_mass[vocab.target_ids].sum() / answer_mass.sum())
+    return DraftVocab(vocab.target_ids, vocab.vocab_size, covered)
+
+
+def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: Path) -> dict[str, Any]:
+    """Train, save the head to `out` (bfloat16), return a summary for the model card."""
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    seqs = load_sequences(shards)
+    random.Random(config.seed).shuffle(seqs)
+    num_val = max(1, int(len(seqs) * config.validation_fraction))
+    val_seqs, train_seqs = seqs[:num_val], seqs[num_val:]
+    vocab = _draft_vocab(train_seqs, config)
+    log.info("draft vocabulary", size=vocab.size, coverage=round(vocab.coverage, 4))
+    head = init_head(config, vocab)
+    head.train()
+    t2d_index = vocab.target_to_draft()
+    make = lambda group: make_batch(group, t2d_index, config.num_unroll, config.prompt_loss_weight)  # noqa: E731
+    generator = torch.Generator().manual_seed(config.seed)
+    val_batches = [make([val_seqs[i] for i in g])
+                   for g in batch_plan([len(s.tokens) for s in val_seqs], config.batch_tokens, generator)]
+    lengths = [len(s.tokens) for s in train_seqs]
+    steps_per_epoch = len(batch_plan(lengths, config.batch_tokens, torch.Generator().manual_seed(0)))
+    total_steps = max(1, int(config.epochs * steps_per_epoch))
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    step = _resume(head, optimizer, checkpoints, config)
+    log.info("training", sequences=len(train_seqs), val_sequences=len(val_seqs), positions=sum(lengths),
+             steps=total_steps, steps_per_epoch=steps_per_epoch, resumed_at=step,
+             params=sum(p.numel() for p in params))
+    bar = tqdm(total=total_steps, initial=step, desc="train draft", unit="step")
+    train_started = time.perf_counter()
+    progress = lambda: max(step / total_steps, _time_fraction(train_started, config.max_train_minutes))  # noqa: E731
+    history = []
+    epoch = step // steps_per_epoch
+    while progress() < 1.0:
+        plan = batch_plan(lengths, config.batch_tokens, torch.Generator().manual_seed(config.seed + epoch))
+        for group in plan[step % steps_per_epoch :]:
+            lr = _learning_rate(config, step, progress())
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            loss, losses, agree = batch_loss(head, make([train_seqs[i] for i in group]), config)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            optimizer.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[0]:.3f}", top1=f"{agree[0]:.3f}")
+            if step % 20 == 0:
+                log.info("train step", step=step, loss=[round(x, 3) for x in losses],
+                         top1=[round(x, 3) for x in agree], lr=round(lr, 6), progress=round(progress(), 3))
+            if progress() >= 1.0:
+                break
+        epoch += 1
+        metrics = _evaluate(head, val_batches, config)
+        history.append({"step": step, **metrics})
+        log.info("validation", epoch=epoch, step=step, **metrics)
+        _save_checkpoint(head, optimizer, step, checkpoints, config)
+    bar.close()
+    save_eagle3_head(head, out, dtype=torch.bfloat16)
+    return {
+        "train_config": asdict(config), "draft_vocab_size": vocab.size, "draft_vocab_coverage": round(vocab.coverage, 4),
+        "train_sequences": len(train_seqs), "train_positions": sum(lengths), "steps": step,
+        "train_seconds": round(time.perf_counter() - started), "validation": history,
+    }
+
+
+def _time_fraction(started: float, max_minutes: float | None) -> float:
+    return (time.perf_counter() - started) / (60 * max_minutes) if max_minutes else 0.0
+
+
+def _learning_rate(config: TrainConfig, step: int, progress: float) -> float:
+    """Linear warm-up, then cosine decay over training progress (steps, or the time budget if that runs out first)."""
+    warmup = min(1.0, (step + 1) / config.warmup_steps)
+    return config.lr * warmup * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def _save_checkpoint(head: Eagle3Head, optimizer: torch.optim.Optimizer, step: int,
+                     folder: Path, config: TrainConfig) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": asdict(config)}
+    tmp = folder / "latest.pt.tmp"
+    torch.save(state, tmp)
+    tmp.rename(folder / "latest.pt")
+
+
+def _resume(head: Eagle3Head, optimizer: torch.optim.Optimizer, folder: Path, config: TrainConfig) -> int:
+    path = folder / "latest.pt"
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=False)
+    if state["config"] != asdict(config):
+        log.warning("checkpoint was trained with other options; starting over", checkpoint=str(path))
+        return 0
+    head.load_state_dict(state["head"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])

@@ -1,0 +1,268 @@
+"""EAGLE-3 draft head: `fc` fuses three target feature layers, one decoder layer drafts over a trimmed vocabulary.
+
+Alignment. The target's fused feature g_j comes from its aux hidden states at position j (when it processed
+token x_j). The head's input at its position j is the pair (embedding of x_{j+1}, g_j), and its output predicts
+x_{j+2}; so head position j (RoPE position j, cache index j) lags the target's sequence by one. Later draft steps
+self-condition: their input is (embedding of the token just drafted, the head's own `out_hidden` of the step
+before). The midlayer's residual stream is the feature stream: `out_hidden` is pre-norm, `norm` feeds `lm_head`.
+Draft ids map to target ids by `target_id = draft_id + d2t[draft_id]`; `t2d[target_id]` says whether a target
+token is in the draft vocabulary.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssd.errors import CheckpointError
+from ssd.layers.norm import RMSNorm
+from ssd.layers.rotary import get_rope
+from ssd.model_config import ModelConfig, RopeConfig, _rope_from
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The three target layers whose entering residual stream feeds the head (as in EAGLE-3 / vLLM)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int  # d: the head's width
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int  # rows of the head's lm_head
+    target_hidden_size: int  # width of each target feature layer
+    aux_layers: tuple[int, int, int]  # target layers whose entering residual stream is used
+    rope: RopeConfig = field(default_factory=RopeConfig)
+
+    @classmethod
+    def from_target(cls, target: ModelConfig, draft_vocab_size: int,
+                    aux_layers: tuple[int, int, int] | None = None) -> "Eagle3Config":
+        """A head as wide as the target, with the target's attention shape, RoPE and MLP width."""
+        return cls(
+            hidden_size=target.hidden_size,
+            num_attention_heads=target.num_attention_heads,
+            num_key_value_heads=target.num_key_value_heads,
+            head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size,
+            rms_norm_eps=target.rms_norm_eps,
+            max_position_embeddings=target.max_position_embeddings,
+            vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            target_hidden_size=target.hidden_size,
+            aux_layers=tuple(aux_layers or default_aux_layers(target.num_hidden_layers)),  # type: ignore[arg-type]
+            rope=target.rope,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json contents in the public EAGLE-3 (Llama-style) layout, plus `aux_layers`."""
+        raw = {k: v for k, v in asdict(self).items() if k != "rope"}
+        raw["aux_layers"] = list(self.aux_layers)
+        rope = {"rope_theta": self.rope.theta, "rope_type": self.rope.rope_type}
+        if self.rope.rope_type == "llama3":
+            rope.update(factor=self.rope.factor, low_freq_factor=self.rope.low_freq_factor,
+                        high_freq_factor=self.rope.high_freq_factor,
+                        original_max_position_embeddings=self.rope.original_max_position_embeddings)
+        return {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+            "tie_word_embeddings": False, "hidden_act": "silu", **raw,
+            "rope_theta": self.rope.theta, "rope_parameters": rope,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers)},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], target_num_layers: int | None = None) -> "Eagle3Config":
+        """Parse config.json; `aux_layers` falls back to `eagle_config`, then to the default for the target."""
+        try:
+            hidden = int(raw["hidden_size"])
+            heads = int(raw["num_attention_heads"])
+            aux = raw.get("aux_layers") or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            if aux is None:
+                if target_num_layers is None:
+                    raise CheckpointError("EAGLE-3 config has no aux_layers and no target layer count was given")
+                aux = default_aux_layers(target_num_layers)
+            if len(aux) != 3:
+                raise CheckpointError(f"EAGLE-3 aux_layers must name 3 layers, got {aux}")
+            return cls(
+                hidden_size=hidden,
+                num_attention_heads=heads,
+                num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                intermediate_size=int(raw["intermediate_size"]),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                vocab_size=int(raw["vocab_size"]),
+                draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
+                target_hidden_size=int(raw.get("target_hidden_size") or hidden),
+                aux_layers=tuple(int(a) for a in aux),  # type: ignore[arg-type]
+                rope=_rope_from(raw),
+            )
+        except KeyError as e:
+            raise CheckpointError(f"EAGLE-3 config lacks required field {e.args[0]!r}") from e
+
+
+class HeadKVCache:
+    """Dense KV of one sequence for the head's one layer. Rollback is `truncate(n)`: set the length, copy nothing."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
+                 capacity: int = 256, device: torch.device | None = None) -> None:
+        self.k = torch.zeros(capacity, num_kv_heads, head_dim, dtype=dtype, device=device)  # [max_len, KVH, D]
+        self.v = torch.zeros_like(self.k)  # [max_len, KVH, D]
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:  # [n, KVH, D] each
+        end = self.length + k.shape[0]
+        if end > self.k.shape[0]:
+            capacity = max(end, 2 * self.k.shape[0])
+            self.k = torch.cat([self.k, self.k.new_zeros(capacity - self.k.shape[0], *self.k.shape[1:])])
+            self.v = torch.cat([self.v, self.v.new_zeros(capacity - self.v.shape[0], *self.v.shape[1:])])
+        self.k[self.length : end] = k
+        self.v[self.length : end] = v
+        self.length = end
+
+    def clone(self, spare: int = 8) -> "HeadKVCache":
+        """An independent copy of the first `length` positions (plus `spare` free rows), e.g. to fork a tree branch."""
+        other = HeadKVCache.__new__(HeadKVCache)
+        end = min(self.k.shape[0], self.length + spare)
+        other.k, other.v, other.length = self.k[:end].clone(), self.v[:end].clone(), self.length
+        return other
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, S, KVH, D], mask [B|1, 1, T, S] bool (True = may attend) -> [B, T, H*D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        scale=q.shape[-1] ** -0.5, enable_gqa=q.shape[2] != k.shape[2],
+    )  # [B, H, T, D]
+    return out.transpose(1, 2).flatten(2)
+
+
+class Eagle3Attention(nn.Module):
+    """q/k/v read the concatenation [embedding, feature] (width 2d); o writes back to d."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.q_proj = nn.Linear(2 * d, self.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(2 * d, self.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(2 * d, self.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * hd, d, bias=False)
+        self.rotary_emb = get_rope(hd, config.max_position_embeddings, config.rope)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, 2d], positions [T] -> q [B, T, H, D], k [B, T, KVH, D], v [B, T, KVH, D] (RoPE applied)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        return self.rotary_emb(positions, q), self.rotary_emb(positions, k), v
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        d, m = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, m, bias=False)
+        self.up_proj = nn.Linear(d, m, bias=False)
+        self.down_proj = nn.Linear(m, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3MidLayer(nn.Module):
+    """The one decoder layer; split in two halves so cached, batched and unrolled forwards share it."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(d, eps)
+        self.hidden_norm = RMSNorm(d, eps)
+        self.self_attn = Eagle3Attention(config)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.mlp = Eagle3MLP(config)
+
+    def qkv(self, emb: torch.Tensor, hidden: torch.Tensor,
+            positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """emb, hidden [B, T, d] -> q, k, v of the attention input concat[norm(emb), norm(hidden)]."""
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
+        return self.self_attn.project(x, positions)
+
+    def finish(self, attn: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """attn [B, T, H*D], residual hidden [B, T, d] -> out_hidden [B, T, d] (pre-norm)."""
+        h = hidden + self.self_attn.o_proj(attn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: Eagle3Config, target_embedding: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.fc = nn.Linear(3 * config.target_hidden_size, d, bias=False)
+        self.midlayer = Eagle3MidLayer(config)
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
+        emb = torch.zeros(config.vocab_size, d) if target_embedding is None else target_embedding.detach()
+        self.embed_tokens = nn.Embedding.from_pretrained(emb, freeze=True)  # the target's, frozen
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # [draft_vocab]
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))  # [vocab]
+        for norm in (self.norm, self.midlayer.input_layernorm, self.midlayer.hidden_norm,
+                     self.midlayer.post_attention_layernorm):
+            norm.weight.requires_grad_(True)  # the engine's RMSNorm is frozen by default; the head trains it
+
+    def new_cache(self, capacity: int = 256) -> HeadKVCache:
+        c = self.config
+        return HeadKVCache(c.num_key_value_heads, c.head_dim, self.fc.weight.dtype, capacity, self.fc.weight.device)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [N, 3*d_target] -> [N, d]
+        return self.fc(features)
+
+    def logits(self, out_hidden: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., draft_vocab] float32
+        return self.lm_head(self.norm(out_hidden)).float()
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                cache: HeadKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """n new positions of one sequence at cache.length..: input_ids [n] (target ids), hidden [n, d]
+        -> (out_hidden [n, d], draft logits [n, draft_vocab] float32); appends the new K/V to `cache`."""
+        n, start = input_ids.shape[0], cache.length
+        positions = torch.arange(start, start + n, device=input_ids.device)  # [n]
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)[None]  # [1, n, d]
+        q, k, v = self.midlayer.qkv(emb, hidden[None], positions)
+        cache.append(k[0], v[0])
+        keys = torch.arange(cache.length, device=input_ids.device)  # [S]
+        mask = (keys[None, :] <= positions[:, None])[None, None]  # [1, 1, n, S]
+        attn = attend(q, cache.k[None, : cache.length], cache.v[None, : cache.length], mask)  # [1, n, H*D]
+        out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
+        return out, self.logits(out)
+
+    def forward_train(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                      attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batched full-sequence causal forward: input_ids [B, L], hidden [B, L, d], attention_mask [B, L]
+        (1 = real token, right padding) -> (out_hidden [B, L, d], logits [B, L, draft_vocab] float32)."""
+        b, length = input_ids.shape
+        positions = torch.arange(length, device=input_ids.device)  # [L]
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, L, d]
+        q, k, v = self.midlayer.qkv(emb, hidden, positions)
+        mask = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()[None, None]  # [1, 1, L, L]
+        if attention_mask is not None:
+            mask = mask & attention_mask.bool()[:, None, None, :]  # [B, 1, L, L]
+            mask = mask | torch.eye(length, dtype=torch.bool, device=input_ids.device)  # padded rows stay finite
+        out = self.midlayer.finish(attend(q, k, v, mask), hidden)  # [B, L, d]
+        return out, self.logits(out)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:  # [...] draft ids -> [...] target ids
+        return draft_ids + self.d2t[draft_ids]

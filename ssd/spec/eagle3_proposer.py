@@ -1,0 +1,143 @@
+"""EAGLE-3 proposer: a one-layer head drafting from the target's own features.
+
+Per sequence it keeps the head's dense KV and the fused target features g_j (SSD.md; alignment in
+ssd/models/eagle3.py: head position j takes (embedding of x_{j+1}, g_j) and predicts x_{j+2}).
+Each round it first runs the head over committed positions whose real target features arrived
+(the verify forward's accepted path), then drafts: a chain self-conditions step by step; a tree
+expands the best top-k children by cumulative log-probability, each node from its parent's
+cloned KV. Drafted positions are scratch: the next round truncates back to the real ones.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ssd.engine.model_worker import ModelWorker
+from ssd.errors import InvalidRequestError
+from ssd.loader.eagle3_checkpoint import load_eagle3_head
+from ssd.loader.model_loader import parse_dtype
+from ssd.models.eagle3 import HeadKVCache
+from ssd.spec.proposer import ProposeRequest, TreeShape
+from ssd.spec.speculation import Speculation
+
+
+@dataclass
+class _HeadSeq:
+    cache: HeadKVCache
+    fused: torch.Tensor  # [m, d] fused features g_0..g_{m-1}
+    num_real: int = 0  # head positions computed from real target features
+    rows: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class _Node:
+    token: int  # target id
+    parent: int
+    score: float  # cumulative draft log-probability
+    hidden: torch.Tensor | None = None  # [d] the head's out_hidden at this node
+    logprobs: torch.Tensor | None = None  # [draft_vocab] next-token log-probs after this node
+    cache: HeadKVCache | None = None
+
+
+class Eagle3Proposer:
+    def __init__(self, path: Path, target: ModelWorker, dtype: str) -> None:
+        tc = target.model_config
+        embedding = target.model.model.embed_tokens.weight
+        self.head = load_eagle3_head(path, embedding, parse_dtype(dtype), tc.num_hidden_layers)
+        hc = self.head.config
+        if hc.vocab_size != tc.vocab_size or hc.target_hidden_size != tc.hidden_size:
+            raise InvalidRequestError(
+                f"EAGLE-3 head {path} was built for vocab {hc.vocab_size} / width {hc.target_hidden_size}; "
+                f"the target has vocab {tc.vocab_size} / width {tc.hidden_size}"
+            )
+        self.feature_layers = tuple(hc.aux_layers)
+        self.seqs: dict[int, _HeadSeq] = {}
+
+    def commit(self, seq_id: int, num_committed: int) -> None:
+        pass  # real features arrive with the next propose; drafted positions are truncated then
+
+    def release(self, seq_id: int) -> None:
+        self.seqs.pop(seq_id, None)
+
+    @torch.inference_mode()
+    def _catch_up(self, r: ProposeRequest) -> tuple[_HeadSeq, torch.Tensor, torch.Tensor]:
+        """Run the head over new real positions; returns (state, last out_hidden [d], last draft log-probs)."""
+        head = self.head
+        state = self.seqs.get(r.seq_id)
+        if state is None:
+            state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), torch.empty(0, head.config.hidden_size))
+        if r.features is not None:
+            start, feats = r.features_start, head.fuse(r.features.to(head.fc.weight.dtype))
+            state.fused = torch.cat([state.fused[:start], feats])
+            state.num_real = min(state.num_real, start)
+        state.cache.truncate(state.num_real)
+        m = min(len(state.fused), len(r.token_ids) - 1)  # head positions with real inputs
+        if m <= state.num_real and state.rows:
+            hidden, logits = state.rows[-1]
+        else:
+            ids = torch.tensor(r.token_ids[state.num_real + 1 : m + 1])
+            out, logits_all = head(ids, state.fused[state.num_real : m], state.cache)
+            state.num_real = m
+            hidden, logits = out[-1], logits_all[-1]
+            state.rows = [(hidden, logits)]
+        return state, hidden, torch.log_softmax(logits.float(), dim=-1)
+
+    def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        return [self._tree(r, r.tree) if r.tree is not None else self._chain(r) for r in requests]
+
+    def _to_target_q(self, probs: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [vocab]
+        q = torch.zeros(self.head.config.vocab_size)
+        q[self.head.to_target_ids(torch.arange(probs.shape[0]))] = probs.float()
+        return q
+
+    @torch.inference_mode()
+    def _chain(self, r: ProposeRequest) -> Speculation:
+        state, hidden, logprobs = self._catch_up(r)
+        tokens, qs = [], []
+        for step in range(r.num_tokens):
+            if r.temperature > 0:
+                probs = torch.softmax(logprobs * 1.0 / r.temperature, dim=-1)  # log-probs are logits up to a shift
+                draft_id = int(torch.multinomial(probs, 1, generator=r.generator)[0])
+                qs.append(self._to_target_q(probs))
+            else:
+                draft_id = int(logprobs.argmax())
+            token = int(self.head.to_target_ids(torch.tensor(draft_id)))
+            tokens.append(token)
+            if step < r.num_tokens - 1:
+                out, logits = self.head(torch.tensor([token]), hidden[None], state.cache)
+                hidden, logprobs = out[-1], torch.log_softmax(logits[-1].float(), dim=-1)
+        return Speculation(tokens, None, torch.stack(qs) if qs else None)
+
+    @torch.inference_mode()
+    def _tree(self, r: ProposeRequest, shape: TreeShape) -> Speculation:
+        state, hidden, logprobs = self._catch_up(r)
+        nodes = [_Node(-1, -1, 0.0, hidden, logprobs, state.cache)]
+        frontier = [0]
+        for depth in range(1, min(r.num_tokens, shape.depth) + 1):
+            cand = []
+            for node_id in frontier:
+                top = torch.topk(nodes[node_id].logprobs, shape.top_k)
+                cand.extend((nodes[node_id].score + float(v), node_id, int(t))
+                            for v, t in zip(top.values, top.indices, strict=True))
+            cand.sort(key=lambda c: -c[0])
+            cand = cand[: shape.budget - (len(nodes) - 1)]
+            if not cand:
+                break
+            frontier = []
+            for score, parent, draft_id in cand:
+                token = int(self.head.to_target_ids(torch.tensor(draft_id)))
+                nodes.append(_Node(token, parent, score))
+                frontier.append(len(nodes) - 1)
+            if depth == min(r.num_tokens, shape.depth) or len(nodes) - 1 >= shape.budget:
+                break
+            for node_id in frontier:
+                self._expand(nodes, node_id)
+        return Speculation([n.token for n in nodes[1:]], [n.parent for n in nodes[1:]])
+
+    def _expand(self, nodes: list[_Node], node_id: int) -> None:
+        node, parent = nodes[node_id], nodes[nodes[node_id].parent]
+        cache = parent.cache.clone()
+        out, logits = self.head(torch.tensor([node.token]), parent.hidden[None], cache)
+        node.hidden, node.cache = out[-1], cache
+        node.logprobs = torch.log_softmax(logits[-1].float(), dim=-1)

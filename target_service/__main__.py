@@ -1,0 +1,65 @@
+"""`python -m target_service --model smollm2-135m-instruct --draft-address 127.0.0.1:50052`."""
+
+import asyncio
+import dataclasses
+
+import structlog
+
+from protos import require_current_stubs
+from protos.ssd.v1 import target_pb2_grpc
+from rpc.engine_errors import ENGINE_STATUS
+from rpc.logging import configure_service_logging
+from rpc.server import GrpcServer, ServiceSpec
+from ssd.config import EngineConfig
+from ssd.engine.llm_engine import LLMEngine
+from ssd.model_config import load_model_config
+from ssd.model_store import resolve_model
+from ssd.spec.config import SpeculationConfig
+from target_service.config import TargetServiceConfig, parse_args
+from target_service.engine_loop import EngineLoop
+from target_service.remote_proposer import RemoteProposer
+from target_service.verifier import VerifierServicer
+
+log = structlog.get_logger(__name__)
+
+
+def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer | None]:
+    engine_config = EngineConfig(
+        model=config.model, dtype=config.dtype, kv_cache_memory_mb=config.kv_cache_memory_mb,
+        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads)
+    if config.draft_address is None:
+        return LLMEngine(engine_config), None
+    spec_config = SpeculationConfig(draft="remote", num_speculative_tokens=config.num_speculative_tokens,
+                                    k_schedule=((config.max_num_seqs, config.num_speculative_tokens),))
+    vocab_size = load_model_config(resolve_model(config.model)).vocab_size
+    proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size,
+                              config.draft_timeout_s, config.reconnect_interval_s)
+    engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
+    return engine, proposer
+
+
+async def serve(config: TargetServiceConfig) -> None:
+    engine, proposer = build_engine(config)
+    engine_loop = EngineLoop(engine, asyncio.get_running_loop())
+    engine_loop.start()
+    servicer = VerifierServicer(config, engine_loop, proposer)
+    spec = ServiceSpec("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
+    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
+
+    async def on_stop() -> None:
+        engine_loop.stop()
+        if proposer is not None:
+            proposer.close()
+
+    await server.run(on_stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    configure_service_logging(config.replica_id, config.log_level, json=config.log_json)
+    require_current_stubs()
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The target service's frozen config, built once from flags and environment (SSD_TARGET_*)."""
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from ssd.errors import InvalidRequestError
+from ssd.model_store import DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class TargetServiceConfig:
+    model: str = DEFAULT_MODEL  # checkpoint folder or known model name
+    address: str = "127.0.0.1:50051"  # host:port to listen on
+    replica_id: str = "target-0"  # names this replica in logs and on the draft session
+    dtype: str = "bfloat16"
+    num_threads: int = 1  # torch intra-op threads
+    kv_cache_memory_mb: int = 512
+    max_num_seqs: int = 16
+    max_model_len: int | None = None
+    draft_address: str | None = None  # the draft service; None = no speculation (every request ar)
+    num_speculative_tokens: int = 4  # lookahead K
+    default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" (sd needs a draft)
+    draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
+    reconnect_interval_s: float = 0.5  # between attempts to (re)open the draft session
+    grace_s: float = 10.0  # drain time on SIGTERM
+    log_level: str = "info"
+    log_json: bool = True
+
+    def __post_init__(self) -> None:
+        if self.default_mode not in ("ar", "sd"):
+            raise InvalidRequestError(f"default mode must be 'ar' or 'sd', got {self.default_mode!r}")
+        if self.draft_timeout_s <= 0 or self.num_threads < 1:
+            raise InvalidRequestError("draft timeout must be > 0 and threads >= 1")
+
+
+def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="target_service", description="ssd-serve target (verifier) service")
+    p.add_argument("--model", default=env.get("SSD_TARGET_MODEL", DEFAULT_MODEL))
+    p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
+    p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
+    p.add_argument("--dtype", default=env.get("SSD_TARGET_DTYPE", "bfloat16"), choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))
+    p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_TARGET_KV_MB", "512")))
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--draft-address", default=env.get("SSD_DRAFT_ADDRESS") or None,
+                   help="host:port of the draft service; omit for ar only")
+    p.add_argument("--k", type=int, default=4, help="lookahead K")
+    p.add_argument("--default-mode", default="sd", choices=["ar", "sd"])
+    p.add_argument("--draft-timeout-s", type=float, default=5.0)
+    p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
+    p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
+    a = p.parse_args(argv)
+    return TargetServiceConfig(
+        model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, num_threads=a.threads,
+        kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
+        draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
+        draft_timeout_s=a.draft_timeout_s, log_level=a.log_level, log_json=not a.log_text)

@@ -1,0 +1,144 @@
+"""Runs the engine's step loop in a thread of its own and hands results to the asyncio side.
+
+The event loop never touches the engine: it queues commands (add, abort) and awaits futures;
+the engine thread applies them between steps and posts each step's outputs to per-request
+asyncio queues with one call_soon_threadsafe per step. Load is published as an immutable snapshot.
+"""
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from ssd.engine.llm_engine import LLMEngine, StepOutput
+from ssd.sampling.params import SamplingParams
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    num_waiting: int = 0
+    num_running: int = 0
+    num_used_kv_blocks: int = 0
+    num_kv_blocks: int = 0
+    num_outstanding_tokens: int = 0  # max_tokens not yet generated, over admitted requests
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.streams: dict[int, asyncio.Queue] = {}  # seq id -> queue of StepOutput | Exception
+        self._commands: deque[Callable[[], None]] = deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.load = LoadSnapshot(num_kv_blocks=engine.block_manager.num_blocks)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="engine-loop")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # -- called from the event loop ---------------------------------------------------------
+    async def add(self, prompt_token_ids: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
+        """Queue a request; raises the engine's typed error if it is invalid."""
+        future: asyncio.Future = self.loop.create_future()
+        stream: asyncio.Queue = asyncio.Queue()
+
+        def command() -> None:
+            try:
+                seq_id = self.engine.add_request(prompt_token_ids, params)
+            except Exception as e:  # handed to the caller, who maps it to a status
+                self.loop.call_soon_threadsafe(_settle, future, None, e)
+                return
+            self.streams[seq_id] = stream
+            self.loop.call_soon_threadsafe(_settle, future, seq_id, None)
+
+        self._submit(command)
+        return await future, stream
+
+    def abort(self, seq_id: int) -> None:
+        def command() -> None:
+            self.streams.pop(seq_id, None)
+            self.engine.abort(seq_id)
+
+        self._submit(command)
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            while self._commands:
+                self._commands.popleft()()
+            if not self.engine.has_unfinished():
+                self._publish_load()
+                self._wake.wait(0.1)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # fail the running requests loudly, keep the service up
+                log.exception("engine step failed")
+                self._fail_all(e)
+                continue
+            self._publish_load()  # before the outputs: a caller that saw its last token sees its KV freed
+            self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        ready = []
+        for out in outputs:
+            stream = self.streams.get(out.seq_id)
+            if stream is not None:
+                ready.append((stream, out))
+            if out.finish_reason is not None:
+                self.streams.pop(out.seq_id, None)
+        if ready:
+            self.loop.call_soon_threadsafe(_deliver, ready)
+
+    def _fail_all(self, error: Exception) -> None:
+        ready = [(stream, error) for stream in self.streams.values()]
+        for seq_id in list(self.streams):
+            self.engine.abort(seq_id)
+        self.streams.clear()
+        if ready:
+            self.loop.call_soon_threadsafe(_deliver, ready)
+
+    def _publish_load(self) -> None:
+        e = self.engine
+        bm = e.block_manager
+        outstanding = sum(max(0, s.params.max_tokens - s.num_output_tokens) for s in e.seqs.values())
+        c = e.spec.counters if e.spec is not None else None
+        self.load = LoadSnapshot(
+            num_waiting=len(e.scheduler.waiting), num_running=len(e.scheduler.running),
+            num_used_kv_blocks=bm.num_blocks - bm.num_free_blocks, num_kv_blocks=bm.num_blocks,
+            num_outstanding_tokens=outstanding,
+            num_drafts=c.num_drafts if c else 0, num_draft_tokens=c.num_draft_tokens if c else 0,
+            num_accepted_tokens=c.num_accepted_tokens if c else 0)
+
+
+def _settle(future: asyncio.Future, value: object, error: Exception | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _deliver(ready: list[tuple[asyncio.Queue, object]]) -> None:
+    for stream, item in ready:
+        stream.put_nowait(item)

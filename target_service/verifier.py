@@ -1,0 +1,116 @@
+"""The Verifier servicer: token-level Generate (server streaming), Abort, GetInfo, GetLoad.
+
+Conversion between proto messages and engine types happens here and nowhere else.
+"""
+
+from collections.abc import AsyncIterator
+
+import structlog
+from grpc import aio
+
+from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
+from ssd.engine.llm_engine import StepOutput
+from ssd.engine.sequence import FinishReason
+from ssd.sampling.params import SamplingParams
+from target_service.config import TargetServiceConfig
+from target_service.engine_loop import EngineLoop
+from target_service.remote_proposer import RemoteProposer
+from target_service.tokenizer_files import read_tokenizer_files
+
+log = structlog.get_logger(__name__)
+
+FINISH_REASONS = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
+}
+
+
+def sampling_params(p: common_pb2.SamplingParams, speculate: bool) -> SamplingParams:
+    """Proto -> engine params; the engine validates (InvalidRequestError -> INVALID_ARGUMENT)."""
+    return SamplingParams(
+        temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k, max_tokens=p.max_tokens,
+        seed=p.seed if p.HasField("seed") else None, stop_token_ids=tuple(p.stop_token_ids),
+        ignore_eos=p.ignore_eos, draft_temperature=p.draft_temperature if p.HasField("draft_temperature") else None,
+        speculate=speculate)
+
+
+def spec_stats(summary: dict | None) -> common_pb2.SpeculationStats | None:
+    if not summary:
+        return None
+    return common_pb2.SpeculationStats(
+        num_drafts=int(summary.get("num_drafts", 0)), num_draft_tokens=int(summary.get("num_draft_tokens", 0)),
+        num_accepted_tokens=int(summary.get("num_accepted_tokens", 0)),
+        num_emitted_tokens=int(summary.get("num_emitted_tokens", 0)))
+
+
+class VerifierServicer(target_pb2_grpc.VerifierServicer):
+    def __init__(self, config: TargetServiceConfig, engine_loop: EngineLoop, proposer: RemoteProposer | None) -> None:
+        self.config = config
+        self.engine_loop = engine_loop
+        self.proposer = proposer
+        self.requests: dict[str, int] = {}  # request id -> seq id, while running
+        info = engine_loop.engine.info
+        self.info = target_pb2.TargetInfo(
+            model_name=config.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
+            eos_token_ids=sorted(info.eos_token_ids), tokenizer=read_tokenizer_files(info.model_path),
+            modes=[common_pb2.SPECULATION_MODE_AR] + ([common_pb2.SPECULATION_MODE_SD] if proposer else []),
+            num_kv_blocks=engine_loop.engine.block_manager.num_blocks,
+            block_size=engine_loop.engine.block_manager.block_size, dtype=config.dtype)
+
+    def _speculate(self, mode: int) -> bool:
+        if mode == common_pb2.SPECULATION_MODE_UNSPECIFIED:
+            return self.config.default_mode == "sd"
+        return mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD)
+
+    async def Generate(self, request: target_pb2.VerifierGenerateRequest,
+                       context: aio.ServicerContext) -> AsyncIterator[target_pb2.VerifierGenerateResponse]:
+        structlog.contextvars.bind_contextvars(request_id=request.request_id)
+        params = sampling_params(request.params, self._speculate(request.mode))
+        seq_id, stream = await self.engine_loop.add(list(request.prompt_token_ids), params)
+        if request.request_id:
+            self.requests[request.request_id] = seq_id
+        log.info("admitted", seq_id=seq_id, prompt_tokens=len(request.prompt_token_ids),
+                 max_tokens=params.max_tokens, speculate=params.speculate)
+        finished, first = False, True
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, Exception):
+                    raise item
+                out: StepOutput = item
+                finished = out.finish_reason is not None
+                msg = target_pb2.VerifierGenerateResponse(token_ids=out.new_token_ids)
+                if first:
+                    msg.num_cached_prompt_tokens = out.num_cached_prompt_tokens
+                    first = False
+                if finished:
+                    msg.finish_reason = FINISH_REASONS[out.finish_reason]
+                    stats = spec_stats(out.spec)
+                    if stats is not None:
+                        msg.spec.CopyFrom(stats)
+                yield msg
+        finally:
+            self.requests.pop(request.request_id, None)
+            if not finished:
+                log.info("aborted by the caller", seq_id=seq_id)
+                self.engine_loop.abort(seq_id)
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    async def Abort(self, request: target_pb2.AbortRequest, context: aio.ServicerContext) -> target_pb2.AbortResponse:
+        seq_id = self.requests.pop(request.request_id, None)
+        if seq_id is not None:
+            self.engine_loop.abort(seq_id)
+        return target_pb2.AbortResponse(was_running=seq_id is not None)
+
+    async def GetInfo(self, request: target_pb2.TargetInfoRequest, context: aio.ServicerContext) -> target_pb2.TargetInfo:
+        return self.info
+
+    async def GetLoad(self, request: common_pb2.LoadRequest, context: aio.ServicerContext) -> common_pb2.Load:
+        s = self.engine_loop.load
+        return common_pb2.Load(
+            num_waiting=s.num_waiting, num_running=s.num_running, num_used_kv_blocks=s.num_used_kv_blocks,
+            num_kv_blocks=s.num_kv_blocks, num_outstanding_tokens=s.num_outstanding_tokens,
+            num_sequences=len(self.engine_loop.streams), num_drafts=s.num_drafts,
+            num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+            is_draft_connected=self.proposer is not None and self.proposer.is_connected)

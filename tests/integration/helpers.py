@@ -1,0 +1,45 @@
+"""Small clients for the integration tests: gRPC stubs, load polling, the openai client."""
+
+import time
+
+import grpc
+from openai import OpenAI
+
+from protos.ssd.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+
+
+def openai_client(url: str, api_key: str) -> OpenAI:
+    return OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+
+
+def target_load(address: str) -> common_pb2.Load:
+    with grpc.insecure_channel(address) as ch:
+        return target_pb2_grpc.VerifierStub(ch).GetLoad(common_pb2.LoadRequest(), timeout=5)
+
+
+def draft_load(address: str) -> common_pb2.Load:
+    with grpc.insecure_channel(address) as ch:
+        return draft_pb2_grpc.SpeculatorStub(ch).GetLoad(common_pb2.LoadRequest(), timeout=5)
+
+
+def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.2) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+def stream_chat(client: OpenAI, prompt: str, max_tokens: int, mode: str | None = None) -> tuple[str, dict | None]:
+    chunks = client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"mode": mode} if mode else None)
+    text, usage = [], None
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+    return "".join(text), usage

@@ -1,0 +1,137 @@
+"""EAGLE-3 head: incremental forward over a cache equals the batched forward; save/load round trip; loader errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ssd.errors import CheckpointError
+from ssd.loader.eagle3_checkpoint import load_eagle3_head, save_eagle3_head
+from ssd.model_config import RopeConfig
+from ssd.models.eagle3 import Eagle3Config, Eagle3Head, HeadKVCache
+
+
+def tiny_head(seed: int = 0, vocab: int = 96, draft_vocab: int = 40) -> Eagle3Head:
+    torch.manual_seed(seed)
+    config = Eagle3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        rms_norm_eps=1e-6, max_position_embeddings=256, vocab_size=vocab, draft_vocab_size=draft_vocab,
+        target_hidden_size=24, aux_layers=(0, 1, 2), rope=RopeConfig(theta=10000.0),
+    )
+    head = Eagle3Head(config, torch.randn(vocab, 32))
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+        ids = torch.randperm(vocab)[:draft_vocab].sort().values
+        head.d2t.copy_(ids - torch.arange(draft_vocab))
+        head.t2d.zero_()
+        head.t2d[ids] = True
+    return head.eval()
+
+
+def test_incremental_forward_equals_full_sequence():
+    head = tiny_head()
+    ids = torch.randint(0, 96, (1, 11))
+    hidden = torch.randn(1, 11, 32)
+    with torch.no_grad():
+        full_out, full_logits = head.forward_train(ids, hidden)
+        cache = HeadKVCache(2, 8, capacity=4)  # forces growth
+        outs, logits = [], []
+        for a, b in ((0, 5), (5, 6), (6, 9), (9, 11)):
+            o, lg = head(ids[0, a:b], hidden[0, a:b], cache)
+            outs.append(o)
+            logits.append(lg)
+    assert cache.length == 11
+    torch.testing.assert_close(torch.cat(outs), full_out[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(logits), full_logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_truncate_rolls_back():
+    head = tiny_head()
+    ids, hidden = torch.randint(0, 96, (6,)), torch.randn(6, 32)
+    with torch.no_grad():
+        cache = head.new_cache()
+        head(ids[:4], hidden[:4], cache)
+        _, first = head(ids[4:], hidden[4:], cache)
+        cache.truncate(4)
+        _, again = head(ids[4:], hidden[4:], cache)
+    assert torch.equal(first, again)
+
+
+def test_clone_is_independent():
+    head = tiny_head()
+    ids, hidden = torch.randint(0, 96, (6,)), torch.randn(6, 32)
+    with torch.no_grad():
+        cache = head.new_cache(capacity=4)
+        head(ids[:4], hidden[:4], cache)
+        fork = cache.clone(spare=0)
+        _, a = head(ids[4:], hidden[4:], fork)  # grows the fork only
+        _, b = head(ids[4:], hidden[4:], cache)
+    assert cache.length == fork.length == 6
+    assert torch.equal(a, b)
+
+
+def test_padding_mask_leaves_real_positions_unchanged():
+    head = tiny_head()
+    ids, hidden = torch.randint(0, 96, (2, 7)), torch.randn(2, 7, 32)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    with torch.no_grad():
+        _, batched = head.forward_train(ids, hidden, mask)
+        _, alone = head.forward_train(ids[1:, :4], hidden[1:, :4])
+    torch.testing.assert_close(batched[1, :4], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_save_load_round_trip_is_bit_identical(tmp_path):
+    head = tiny_head()
+    save_eagle3_head(head, tmp_path)
+    assert "embed_tokens.weight" not in load_file(tmp_path / "model.safetensors")
+    loaded = load_eagle3_head(tmp_path, head.embed_tokens.weight, torch.float32)
+    assert loaded.config == head.config
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    ids, hidden = torch.randint(0, 96, (5,)), torch.randn(5, 32)
+    with torch.no_grad():
+        _, want = head(ids, hidden, head.new_cache())
+        _, got = loaded(ids, hidden, loaded.new_cache())
+    assert torch.equal(want, got)
+    assert torch.equal(loaded.to_target_ids(want.argmax(-1)), head.to_target_ids(got.argmax(-1)))
+
+
+def test_to_target_ids_maps_into_t2d():
+    head = tiny_head()
+    target = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
+    assert head.t2d[target].all() and int(head.t2d.sum()) == head.config.draft_vocab_size
+
+
+def test_config_json_is_eagle3_layout(tmp_path):
+    head = tiny_head()
+    save_eagle3_head(head, tmp_path, dtype=torch.bfloat16)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert raw["draft_vocab_size"] == 40 and raw["target_hidden_size"] == 24 and raw["aux_layers"] == [0, 1, 2]
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert tensors["fc.weight"].shape == (32, 72) and tensors["fc.weight"].dtype == torch.bfloat16
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 64)
+
+
+def test_loader_names_missing_and_misshaped_keys(tmp_path):
+    head = tiny_head()
+    save_eagle3_head(head, tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["midlayer.mlp.up_proj.weight"]
+    tensors["fc.weight"] = torch.zeros(32, 10)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        load_eagle3_head(tmp_path, head.embed_tokens.weight, torch.float32)
+    assert "midlayer.mlp.up_proj.weight" in str(e.value) and "fc.weight" in str(e.value)
+
+
+def test_loader_requires_an_embedding(tmp_path):
+    head = tiny_head()
+    save_eagle3_head(head, tmp_path)
+    with pytest.raises(CheckpointError, match="embed_tokens"):
+        load_eagle3_head(tmp_path, None, torch.float32)

@@ -1,0 +1,41 @@
+"""The exact distribution of a tiny model's first generated tokens, and a chi-square test against samples."""
+
+import itertools
+from collections import Counter
+
+import torch
+from scipy.stats import chi2
+
+
+def joint_distribution(hf_model, prompt: list[int], temperature: float, num_tokens: int = 3) -> dict[tuple, float]:
+    """P(t1..tn | prompt) for every token tuple, by exhaustive batched forwards in float64."""
+    vocab = hf_model.config.vocab_size
+    probs: dict[tuple, float] = {(): 1.0}
+    for depth in range(num_tokens):
+        prefixes = list(itertools.product(range(vocab), repeat=depth))
+        ids = torch.tensor([prompt + list(p) for p in prefixes])
+        with torch.no_grad():
+            logits = hf_model(ids).logits[:, -1].double()  # [N, V]
+        step = torch.softmax(logits / temperature, dim=-1)
+        probs = {p + (t,): probs[p] * float(step[i, t]) for i, p in enumerate(prefixes) for t in range(vocab)}
+    return probs
+
+
+def chi_square_pvalue(samples: list[tuple], exact: dict[tuple, float], min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness of fit; cells expected below `min_expected` are pooled into one."""
+    n = len(samples)
+    counts = Counter(samples)
+    stat, dof = 0.0, -1
+    pooled_obs, pooled_exp = 0, 0.0
+    for cell, p in exact.items():
+        expected = n * p
+        if expected >= min_expected:
+            stat += (counts.get(cell, 0) - expected) ** 2 / expected
+            dof += 1
+        else:
+            pooled_obs += counts.get(cell, 0)
+            pooled_exp += expected
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        dof += 1
+    return float(chi2.sf(stat, dof))
