@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -52,7 +53,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         max_train_minutes=args.max_train_minutes,
     )
     summary = train_head(train, shards, out, work / "checkpoints")
-    summary.update(data_seconds=round(data_s), total_seconds=round(time.perf_counter() - started))
+    num_generated = sum(1 for p in shards if p.name.startswith("shard-"))
+    summary.update(
+        data_seconds=round(data_s), total_seconds=round(time.perf_counter() - started), top_k=args.top_k,
+        command="ssd " + " ".join(sys.argv[1:]),
+        data_description=(f"{num_generated} shard(s) x 64 training prompts (templates x topics, standard-library "
+                          f"function stubs and code questions, package docs) answered greedily by the target "
+                          f"(<= {args.max_new_tokens} tokens), plus {args.num_corpus_windows} teacher-forced "
+                          "384-token windows of standard-library source and package descriptions. "
+                          "No MT-Bench or HumanEval text."),
+    )
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("train-draft done", **summary)
     return 0
@@ -71,6 +81,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    summary_path = Path(args.draft) / "train_summary.json"
+    if args.write_card and summary_path.is_file():
+        from ssd.draft_training.model_card import render_model_card
+
+        summary = json.loads(summary_path.read_text())
+        card = render_model_card(Path(args.draft).name, args.target, summary["command"], summary, report)
+        (Path(args.draft) / "MODEL_CARD.md").write_text(card)
     return 0
 
 
@@ -115,4 +132,6 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the report as JSON here")
+    e.add_argument("--write-card", action="store_true",
+                   help="render MODEL_CARD.md into the draft folder from its train_summary.json and this report")
     e.set_defaults(func=_cmd_eval)

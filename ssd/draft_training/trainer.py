@@ -45,6 +45,7 @@ class TrainConfig:
     validation_fraction: float = 0.04
     max_train_minutes: float | None = None
     grad_clip: float = 1.0
+    is_feature_norm: bool = True  # RMS-normalize each target feature layer before fc (see Eagle3Config)
     is_bf16_autocast: bool = True  # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on these CPUs
 
 
@@ -87,7 +88,8 @@ def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
     embedding = weights["model.embed_tokens.weight"].float()  # [V, d]
     lm_head = weights.get("lm_head.weight", embedding).float()
     torch.manual_seed(config.seed)
-    head = Eagle3Head(Eagle3Config.from_target(target_config, vocab.size), embedding)
+    head = Eagle3Head(Eagle3Config.from_target(target_config, vocab.size, feature_norm=config.is_feature_norm),
+                      embedding)
     with torch.no_grad():
         head.lm_head.weight.copy_(lm_head[vocab.target_ids])
         head.norm.weight.copy_(weights["model.norm.weight"].float())
@@ -188,7 +190,7 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     bar.close()
     save_eagle3_head(head, out, dtype=torch.bfloat16)
     return {
-        "train_config": asdict(config), "draft_vocab_size": vocab.size, "draft_vocab_coverage": round(vocab.coverage, 4),
+        "train_config": asdict(config), "aux_layers": list(head.config.aux_layers), "draft_vocab_size": vocab.size, "draft_vocab_coverage": round(vocab.coverage, 4),
         "train_sequences": len(train_seqs), "train_positions": sum(lengths), "steps": step,
         "train_seconds": round(time.perf_counter() - started), "validation": history,
     }

@@ -41,10 +41,13 @@ class Eagle3Config:
     target_hidden_size: int  # width of each target feature layer
     aux_layers: tuple[int, int, int]  # target layers whose entering residual stream is used
     rope: RopeConfig = field(default_factory=RopeConfig)
+    # Ours, not in public EAGLE-3: RMS-normalize each aux layer (no weight) before `fc`. Small targets carry
+    # massive activations in their residual stream (SmolLM2: |x| up to ~25000 in a few dims), which swamp fc.
+    feature_norm: bool = False
 
     @classmethod
     def from_target(cls, target: ModelConfig, draft_vocab_size: int,
-                    aux_layers: tuple[int, int, int] | None = None) -> "Eagle3Config":
+                    aux_layers: tuple[int, int, int] | None = None, feature_norm: bool = True) -> "Eagle3Config":
         """A head as wide as the target, with the target's attention shape, RoPE and MLP width."""
         return cls(
             hidden_size=target.hidden_size,
@@ -59,6 +62,7 @@ class Eagle3Config:
             target_hidden_size=target.hidden_size,
             aux_layers=tuple(aux_layers or default_aux_layers(target.num_hidden_layers)),  # type: ignore[arg-type]
             rope=target.rope,
+            feature_norm=feature_norm,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +107,7 @@ class Eagle3Config:
                 target_hidden_size=int(raw.get("target_hidden_size") or hidden),
                 aux_layers=tuple(int(a) for a in aux),  # type: ignore[arg-type]
                 rope=_rope_from(raw),
+                feature_norm=bool(raw.get("feature_norm", False)),
             )
         except KeyError as e:
             raise CheckpointError(f"EAGLE-3 config lacks required field {e.args[0]!r}") from e
@@ -228,8 +233,12 @@ class Eagle3Head(nn.Module):
         c = self.config
         return HeadKVCache(c.num_key_value_heads, c.head_dim, self.fc.weight.dtype, capacity, self.fc.weight.device)
 
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [N, 3*d_target] -> [N, d]
-        return self.fc(features)
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [..., 3*d_target] -> [..., d]
+        if self.config.feature_norm:
+            parts = features.float().unflatten(-1, (3, self.config.target_hidden_size))  # [..., 3, d_target]
+            parts = parts * torch.rsqrt(parts.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+            features = parts.flatten(-2)
+        return self.fc(features.to(self.fc.weight.dtype))
 
     def logits(self, out_hidden: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., draft_vocab] float32
         return self.lm_head(self.norm(out_hidden)).float()

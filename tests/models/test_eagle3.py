@@ -1,5 +1,6 @@
 """EAGLE-3 head: incremental forward over a cache equals the batched forward; save/load round trip; loader errors."""
 
+import dataclasses
 import json
 
 import pytest
@@ -104,6 +105,18 @@ def test_to_target_ids_maps_into_t2d():
     head = tiny_head()
     target = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
     assert head.t2d[target].all() and int(head.t2d.sum()) == head.config.draft_vocab_size
+
+
+def test_feature_norm_makes_fuse_invariant_to_each_layers_scale(tmp_path):
+    head = tiny_head()
+    config = dataclasses.replace(head.config, feature_norm=True)
+    normed = Eagle3Head(config, head.embed_tokens.weight)
+    normed.load_state_dict(head.state_dict())
+    features = torch.randn(5, 72)
+    scaled = features * torch.tensor([1.0] * 24 + [300.0] * 24 + [0.1] * 24)
+    torch.testing.assert_close(normed.fuse(scaled), normed.fuse(features), atol=1e-3, rtol=1e-3)
+    save_eagle3_head(normed, tmp_path)
+    assert load_eagle3_head(tmp_path, head.embed_tokens.weight, torch.float32).config.feature_norm
 
 
 def test_config_json_is_eagle3_layout(tmp_path):
