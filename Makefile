@@ -40,7 +40,7 @@ serve: model
 	$(BIN)/ssd serve
 
 lint: install
-	$(BIN)/ruff check ssd bench tests protos rpc target_service draft_service gateway deploy
+	$(BIN)/ruff check ssd bench tests protos rpc target_service draft_service gateway deploy loadtest
 	$(BIN)/lint-imports
 
 test: model lint

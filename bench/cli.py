@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from bench.datasets import load_prompts
-from bench.runner import BenchSettings, run_benchmarks
+from bench.runner import BenchSettings, by_dataset, run_benchmarks
 from ssd.cli_flags import add_speculation_flags, tree_from_args
 from ssd.errors import InvalidRequestError
 
@@ -31,6 +31,20 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
+SWEEPABLE = {"k": int, "batch": int, "draft_temperature": float}  # --sweep NAME=v1,v2,...
+
+
+def _sweep(text: str) -> tuple[str, list]:
+    name, sep, values = text.partition("=")
+    name = {"dtemp": "draft_temperature"}.get(name, name)
+    if not sep or name not in SWEEPABLE:
+        raise argparse.ArgumentTypeError(f"expected NAME=v1,v2,... with NAME in {', '.join(SWEEPABLE)}; got {text!r}")
+    try:
+        return name, [SWEEPABLE[name](v) for v in values.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad values in --sweep {text!r}") from None
+
+
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
@@ -47,33 +61,75 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
     add_speculation_flags(p)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
+    p.add_argument("--sweep", type=_sweep, default=None,
+                   help="repeat the speculative modes over values in one process, e.g. k=2,4,6 (batch=1,4,8 "
+                        "sweeps every mode)")
+    p.add_argument("--plot", type=Path, default=None, help="draw tokens/s per mode and data set (PNG)")
+    p.add_argument("--against", default=None, metavar="URL",
+                   help="benchmark a running OpenAI-compatible server (e.g. our gateway) over HTTP instead")
+    p.add_argument("--api-key", default=None, help="--against: bearer key (default: $SSD_API_KEY)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     if args.numseqs < 1 or args.output_len < 1:
         raise InvalidRequestError("--numseqs and --output-len must be >= 1")
-    base = BenchSettings(
-        mode=args.mode[0], model=args.model, dataset=args.dataset, output_len=args.output_len,
-        batch=args.batch[0], temperature=args.temp, dtype=args.dtype, threads=args.threads, warmup=args.warmup,
-        draft=args.draft, k=args.k, draft_temperature=args.dtemp,
-        tree=tree_from_args(args),
-    )
-    prompts = load_prompts(args.dataset, args.numseqs)
-    runs = run_benchmarks(base, args.mode, args.batch, prompts)
+    dataset = "all" if args.all else args.dataset
+    prompts = load_prompts(dataset, args.numseqs)
+    if args.against:
+        runs = _run_against(args, prompts)
+    else:
+        sweep = args.sweep
+        batches = sweep[1] if sweep and sweep[0] == "batch" else args.batch
+        base = BenchSettings(
+            mode=args.mode[0], model=args.model, dataset=dataset, output_len=args.output_len,
+            batch=batches[0], temperature=args.temp, dtype=args.dtype, threads=args.threads, warmup=args.warmup,
+            draft=args.draft, k=args.k, draft_temperature=args.dtemp,
+            tree=tree_from_args(args),
+        )
+        runs = run_benchmarks(base, args.mode, batches, prompts, None if sweep and sweep[0] == "batch" else sweep)
+    command = "ssd " + " ".join(sys.argv[sys.argv.index("bench"):]) if "bench" in sys.argv else None
+    for r in runs:
+        r["command"] = command
     doc = runs[0] if len(runs) == 1 else {"runs": runs}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     print_table(runs, sys.stdout)
+    if args.plot:
+        from bench.plot import plot_results
+
+        plot_results(runs, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 
+def _run_against(args: argparse.Namespace, prompts: list) -> list[dict]:
+    import os
+
+    from bench.against import AgainstSettings, render_texts, run_against
+
+    modes = [m for m in args.mode if m in ("ar", "sd")] or [None]
+    runs = []
+    for name, group in by_dataset(prompts).items():
+        texts = render_texts(args.model, group)
+        for mode in modes:
+            s = AgainstSettings(url=args.against, model=None, api_key=args.api_key or os.environ.get("SSD_API_KEY", "none"),
+                                output_len=args.output_len, temperature=args.temp, mode=mode)
+            runs.append({**run_against(s, texts, warmup=args.warmup), "dataset": name})
+    return runs
+
+
 def print_table(runs: list[dict], out) -> None:  # type: ignore[no-untyped-def]
-    first = runs[0]["decode_tok_s"] or 1.0
-    print(f"{'mode':12} {'batch':>5} {'decode tok/s':>13} {'vs first':>9} {'TTFT ms':>8} {'tok/round':>9} "
-          f"{'outputs_sha256':>16}", file=out)
+    """One row per run; `vs first` divides by the first run of the same data set."""
+    firsts: dict[str, float] = {}
+    print(f"{'mode':16} {'dataset':10} {'batch':>5} {'decode tok/s':>13} {'vs first':>9} {'TTFT ms':>8} "
+          f"{'tok/round':>9} {'outputs hash':>16}", file=out)
     for r in runs:
         tpr = f"{r['tokens_per_round']:9.2f}" if r.get("tokens_per_round") else f"{'-':>9}"
-        print(f"{r['mode']:12} {r['batch']:5d} {r['decode_tok_s']:13.1f} {r['decode_tok_s'] / first:8.2f}x "
-              f"{1000 * r['ttft_s']:8.0f} {tpr} {r['outputs_sha256'][:16]:>16}", file=out)
+        mode = r["mode"] + "".join(f" {k}={v}" for k, v in (r.get("sweep") or {}).items())
+        first = firsts.setdefault(r["dataset"], r["decode_tok_s"] or 1.0)
+        digest = r.get("outputs_sha256") or "text:" + r["outputs_text_sha256"]
+        print(f"{mode:16} {r['dataset']:10} {r['batch']:5d} {r['decode_tok_s']:13.1f} "
+              f"{r['decode_tok_s'] / first:8.2f}x {1000 * r['ttft_s']:8.0f} {tpr} {digest[:16]:>16}", file=out)

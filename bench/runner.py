@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
+from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
@@ -76,32 +77,61 @@ def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams) -> tuple[Ru
     return (lambda group: hf.generate(group, s.output_len, s.temperature)), None
 
 
-def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], prompts: list[Prompt]) -> list[dict]:
-    """Every (mode, batch) pair over the same prompts, in this process; one result dict each."""
+SPECULATIVE_MODES = ("sd", "hf-assisted")  # the modes a --sweep over speculation settings applies to
+
+
+def by_dataset(prompts: list[Prompt]) -> dict[str, list[Prompt]]:
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.dataset, []).append(p)
+    return groups
+
+
+def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], prompts: list[Prompt],
+                   sweep: tuple[str, list] | None = None) -> list[dict]:
+    """Every (mode, batch[, swept value], dataset) over the same prompts, in this process; one result dict each.
+
+    `sweep` = (BenchSettings field, values) repeats the speculative modes at each value (e.g. ("k", [2, 4, 6]));
+    a runner (and its model) is built once per setting and reused across the data sets.
+    """
     torch.set_num_threads(base.threads)
     ar = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches))
-    encoded = render_prompts(ar, prompts)
+    encoded = {name: render_prompts(ar, group) for name, group in by_dataset(prompts).items()}
     params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234,
                             draft_temperature=base.draft_temperature)
     results: list[dict] = []
-    first_outputs: list[list[int]] | None = None
+    first_outputs: dict[str, list[list[int]]] = {}
     for mode in modes:
+        values = sweep[1] if sweep and mode in SPECULATIVE_MODES else [None]
         for batch in batches:
-            settings = replace(base, mode=mode, batch=batch)
-            run, llm = _build_runner(settings, ar, params)
-            for i in range(min(base.warmup, len(encoded))):
-                run(encoded[i : i + 1])
-            before = _counters(llm)
-            timings = [
-                run(encoded[i : i + batch])
-                for i in tqdm(range(0, len(encoded), batch), desc=f"bench {mode} batch {batch}", unit="group")
-            ]
-            result = summarize(settings, encoded, timings, _delta(before, _counters(llm)))
-            outputs = [ids for t in timings for ids in t.token_ids]
-            first_outputs = first_outputs or outputs
-            result.update(agreement(outputs, first_outputs))
-            results.append(result)
+            for value in values:
+                settings = replace(base, mode=mode, batch=batch, **({sweep[0]: value} if value is not None else {}))
+                run, llm = _build_runner(settings, ar, params)
+                for dataset, group in encoded.items():
+                    result = _run_one(replace(settings, dataset=dataset), run, llm, group)
+                    outputs = result.pop("_outputs")
+                    result["outputs_text_sha256"] = texts_sha256([ar.decode(ids) for ids in outputs])
+                    result.update(agreement(outputs, first_outputs.setdefault(dataset, outputs)))
+                    if value is not None:
+                        result["sweep"] = {sweep[0]: value}
+                    results.append(result)
     return results
+
+
+def _run_one(settings: BenchSettings, run: Runner, llm: LLM | None, encoded: list[list[int]]) -> dict:
+    """Warm up, then time every group of `settings.batch` prompts; the summary plus the raw outputs."""
+    for i in range(min(settings.warmup, len(encoded))):
+        run(encoded[i : i + 1])
+    before = _counters(llm)
+    batch = settings.batch
+    timings = [
+        run(encoded[i : i + batch])
+        for i in tqdm(range(0, len(encoded), batch), desc=f"bench {settings.mode} batch {batch} {settings.dataset}",
+                      unit="group")
+    ]
+    result = summarize(settings, encoded, timings, _delta(before, _counters(llm)))
+    result["_outputs"] = [ids for t in timings for ids in t.token_ids]
+    return result
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:

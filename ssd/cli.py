@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     from deploy.cli import add_serve_command  # noqa: PLC0415 - lazy: the services' deps
 
     add_serve_command(sub)
+    from deploy.chat import add_chat_arguments  # noqa: PLC0415 - lazy: the openai client
+
+    add_chat_arguments(sub.add_parser("chat", help="interactive streaming chat with a gateway (or a local stack)"))
+    from loadtest.cli import add_loadtest_arguments  # noqa: PLC0415 - lazy: grpc
+
+    add_loadtest_arguments(sub.add_parser("loadtest", help="ghz-style gRPC load test of a service"))
     return parser
 
 

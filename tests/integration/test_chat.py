@@ -1,0 +1,40 @@
+"""`ssd chat` (deploy/chat.py) driven in a pseudo-terminal against the running stack: two turns with
+metrics, and Ctrl-C mid-answer cancels that answer but keeps the session."""
+
+import sys
+
+import pexpect
+import pytest
+
+from tests.integration.conftest import API_KEY
+
+pytestmark = pytest.mark.model
+
+METRICS = r"\[\d+ tokens, [\d.]+ tok/s, TTFT \d+ ms, mean accepted length [\d.]+"
+
+
+def test_two_turns_metrics_and_ctrl_c(stack) -> None:  # noqa: ANN001
+    child = pexpect.spawn(sys.executable, ["-m", "deploy.chat", "--url", stack.url, "--api-key", API_KEY,
+                                           "--metrics", "--mode", "sd", "--max-tokens", "300"],
+                          encoding="utf-8", timeout=60, env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    try:
+        child.expect("you> ")
+        child.sendline("What is 12 times 7? Answer briefly.")
+        child.expect(METRICS)
+        child.expect("you> ")
+
+        child.sendline("Write a long story about a dragon who learns to cook.")
+        child.expect("learns to cook.\r\n")  # the echoed line
+        child.expect(r"\w+\W+\w+\W+\w+")  # a few words in: the answer is streaming
+        child.send("\x03")  # Ctrl-C
+        child.expect(r"\[cancelled\]")
+        child.expect("you> ")
+
+        child.sendline("And what is 12 times 8?")
+        child.expect(METRICS)
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
