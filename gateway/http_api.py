@@ -22,7 +22,7 @@ def _params(body: _Sampling, max_tokens: int | None) -> common_pb2.SamplingParam
     if max_tokens is not None and max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
     params = common_pb2.SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                       max_tokens=max_tokens or 0)
+                                       max_tokens=max_tokens or 0, ignore_eos=body.ignore_eos)
     if body.seed is not None:
         params.seed = body.seed
     return params

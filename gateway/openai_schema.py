@@ -17,6 +17,7 @@ class _Sampling(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)  # extension (vLLM-style)
+    ignore_eos: StrictBool = False  # extension (vLLM-style): EOS does not end the answer
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: StrictBool = False
