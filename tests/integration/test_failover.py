@@ -58,6 +58,12 @@ def test_target_killed_requests_go_to_the_other(tmp_path_factory, default_model_
     try:
         client = openai_client(stack.url, API_KEY)
         assert stream_chat(client, "Hi!", 3)[1]["completion_tokens"] > 0
+
+        def gateway_sees_both() -> bool:  # its first poll may predate a slow replica's start (next poll in 60 s)
+            text = httpx.get(stack.url + "/metrics").text
+            return all(f'ssd_replica_healthy{{replica="{a}"}} 1.0' in text for a in stack.target_addresses)
+
+        assert wait_for(gateway_sees_both, timeout_s=90)
         victim = stack.child("target-0")
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
