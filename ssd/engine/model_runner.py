@@ -57,6 +57,7 @@ class ModelRunner:
         ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
         query_index = torch.zeros(len(items), num_q, dtype=torch.long)
         kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
+        needs_mask = not (len(items) == 1 and num_q == 1)  # one decode token sees every key: no mask
         mask = torch.zeros(len(items), num_q, num_s, dtype=torch.bool)
         mask[:, :, 0] = True  # padding queries look at key 0 so softmax stays finite
         offset = 0
@@ -67,12 +68,12 @@ class ModelRunner:
             pos = torch.tensor(it.positions) if it.positions is not None else torch.arange(it.start_position, total)
             positions.append(pos)
             ids.extend(it.token_ids)
-            mask[b, :n, :total] = self._item_mask(it, total)
+            if needs_mask:
+                mask[b, :n, :total] = self._item_mask(it, total)
             query_index[b, :n] = torch.arange(offset, offset + n)
             token_batch.extend([b] * n)
             token_offset.extend(range(n))
             offset += n
-        needs_mask = not (len(items) == 1 and num_q == 1)
         ctx = ForwardContext(
             mode=mode,
             slot_mapping=torch.cat(slot_mapping).to(self.device),

@@ -97,7 +97,7 @@ class Eagle3Proposer:
         tokens, qs = [], []
         for step in range(r.num_tokens):
             if r.temperature > 0:
-                probs = torch.softmax(logprobs * 1.0 / r.temperature, dim=-1)  # log-probs are logits up to a shift
+                probs = torch.softmax(logprobs / r.temperature, dim=-1)  # log-probs are logits up to a shift
                 draft_id = int(torch.multinomial(probs, 1, generator=r.generator)[0])
                 qs.append(self._to_target_q(probs))
             else:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from ssd.errors import InvalidRequestError
 from ssd.spec.speculation import Speculation
 
 
@@ -22,8 +23,6 @@ class TreeShape:
     top_k: int = 2  # children tried per expanded node
 
     def __post_init__(self) -> None:
-        from ssd.errors import InvalidRequestError
-
         if self.budget < 1 or self.depth < 1 or self.top_k < 1:
             raise InvalidRequestError(f"tree budget, depth and top-k must be >= 1, got {self}")
 
