@@ -10,7 +10,8 @@ from pathlib import Path
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="run draft, target and gateway services on localhost")
     s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
-    s.add_argument("--draft", default="ngram", help="draft service: 'ngram', a checkpoint, or 'none' (ar only)")
+    s.add_argument("--draft", default="ngram",
+                   help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
     s.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     s.add_argument("--targets", type=int, default=1, help="target replicas")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")

@@ -85,10 +85,14 @@ def spawn(name: str, args: list[str], address: str, core: int | None, log_dir: P
 
 
 def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Child:
+    """A checkpoint draft also gets the target model: an EAGLE-3 head needs its embedding and config."""
     c = stack.config
     stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
-    child = spawn("draft", ["draft_service", "--draft", c.draft, "--address", stack.draft_address,
-                            "--dtype", c.dtype, "--threads", "1"], stack.draft_address, core, c.log_dir)
+    args = ["draft_service", "--draft", c.draft, "--address", stack.draft_address, "--dtype", c.dtype,
+            "--threads", "1"]
+    if c.draft != "ngram":
+        args += ["--target-model", c.model]
+    child = spawn("draft", args, stack.draft_address, core, c.log_dir)
     stack.children.append(child)
     return child
 

@@ -1,4 +1,7 @@
-"""`python -m draft_service --draft ngram --address 127.0.0.1:50052`: run the draft service."""
+"""`python -m draft_service --draft ngram --address 127.0.0.1:50052`: run the draft service.
+
+An EAGLE-3 head also needs its target: `--draft <head folder> --target-model <target>`.
+"""
 
 import asyncio
 
@@ -6,21 +9,20 @@ import structlog
 import torch
 
 from draft_service.config import DraftServiceConfig, parse_args
-from draft_service.proposers import build_service_proposer
+from draft_service.proposers import ServiceDraft, build_service_proposer
 from draft_service.speculator import SpeculatorServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.server import GrpcServer, ServiceSpec
+from ssd.errors import SSDError
 
 log = structlog.get_logger(__name__)
 
 
-async def serve(config: DraftServiceConfig) -> None:
-    torch.set_num_threads(config.num_threads)
-    proposer, vocab = build_service_proposer(config)
-    servicer = SpeculatorServicer(proposer, config.draft, vocab)
+async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
+    servicer = SpeculatorServicer(draft, config.draft)
     spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
 
@@ -34,7 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     configure_service_logging("draft", config.log_level, json=config.log_json)
     require_current_stubs()
-    asyncio.run(serve(config))
+    torch.set_num_threads(config.num_threads)
+    try:
+        draft = build_service_proposer(config)
+    except SSDError as e:  # a bad --draft / --target-model: say so in one line, exit non-zero
+        log.error("cannot load the draft", draft=config.draft, target_model=config.target_model, error=str(e))
+        raise SystemExit(2) from e
+    asyncio.run(serve(config, draft))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from ssd.errors import InvalidRequestError
 
 @dataclass(frozen=True)
 class DraftServiceConfig:
-    draft: str = "ngram"  # "ngram" or a draft checkpoint folder / known model name
+    draft: str = "ngram"  # "ngram", a draft checkpoint or an EAGLE-3 head folder / known model name
+    target_model: str | None = None  # the target checkpoint an EAGLE-3 head drafts for (its embedding + config)
     address: str = "127.0.0.1:50052"  # host:port to listen on
     dtype: str = "float32"  # draft weights dtype
     num_threads: int = 1  # torch intra-op threads
@@ -29,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     env = os.environ
     p = argparse.ArgumentParser(prog="draft_service", description="ssd-serve draft (speculator) service")
     p.add_argument("--draft", default=env.get("SSD_DRAFT_MODEL", "ngram"))
+    p.add_argument("--target-model", default=env.get("SSD_DRAFT_TARGET_MODEL") or None,
+                   help="target checkpoint folder or known model name (needed by EAGLE-3 heads)")
     p.add_argument("--address", default=env.get("SSD_DRAFT_ADDRESS", "127.0.0.1:50052"))
     p.add_argument("--dtype", default=env.get("SSD_DRAFT_DTYPE", "float32"), choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
@@ -36,5 +39,6 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
-    return DraftServiceConfig(draft=a.draft, address=a.address, dtype=a.dtype, num_threads=a.threads,
-                              kv_cache_memory_mb=a.kv_cache_mb, log_level=a.log_level, log_json=not a.log_text)
+    return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
+                              num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, log_level=a.log_level,
+                              log_json=not a.log_text)

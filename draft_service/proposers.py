@@ -1,23 +1,75 @@
-"""Builds the draft service's proposer from its config: n-gram lookup or a draft checkpoint."""
+"""Builds the draft service's proposer from its config: n-gram lookup, a draft checkpoint, or an EAGLE-3 head.
+
+An EAGLE-3 head drafts from its target's features (sent by the target over the session) and its
+target's input embedding, which the draft loads once from the target checkpoint (`--target-model`).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+from safetensors import safe_open
 
 from draft_service.config import DraftServiceConfig
-from ssd.errors import InvalidRequestError
+from ssd.errors import CheckpointError, InvalidRequestError
+from ssd.loader.safetensors_loader import checkpoint_files
+from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
 from ssd.spec.draft_model import DraftModelProposer
 from ssd.spec.factory import is_eagle3_folder
 from ssd.spec.ngram import NgramProposer
 from ssd.spec.proposer import Proposer
 
+log = structlog.get_logger(__name__)
 
-def build_service_proposer(config: DraftServiceConfig) -> tuple[Proposer, int]:
-    """The proposer and its vocabulary size (0 = any vocabulary, n-gram)."""
+EMBEDDING_KEY = "model.embed_tokens.weight"  # the target's input embedding in the HF layout
+
+
+@dataclass(frozen=True)
+class ServiceDraft:
+    """What the service serves: the proposer and the facts a session checks the target against."""
+
+    proposer: Proposer
+    vocab_size: int  # 0 = any vocabulary (n-gram)
+    feature_width: int = 0  # F of the target features [n, F] the proposer drafts from; 0 = needs none
+
+
+def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     if config.draft == "ngram":
-        return NgramProposer(max_ngram=config.ngram_max), 0
+        return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
     path = resolve_model(config.draft)
     if is_eagle3_folder(path):
-        raise InvalidRequestError("EAGLE-3 heads need target features over the session; not served remotely yet")
-    from ssd.model_config import load_model_config
-
+        return build_eagle3(path, config)
     vocab = load_model_config(path).vocab_size
-    return DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
-                              kv_cache_memory_mb=config.kv_cache_memory_mb), vocab
+    return ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
+                                           kv_cache_memory_mb=config.kv_cache_memory_mb), vocab)
+
+
+def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
+    """An EAGLE-3 head over the target named by `config.target_model` (its embedding and config)."""
+    from ssd.spec.eagle3_proposer import Eagle3Proposer
+
+    if not config.target_model:
+        raise InvalidRequestError(
+            f"{path} is an EAGLE-3 head: it drafts from its target's features and embedding, so the draft "
+            "service needs the target checkpoint too: pass --target-model (or SSD_DRAFT_TARGET_MODEL)")
+    target = resolve_model(config.target_model)
+    target_config = load_model_config(target)
+    embedding = load_target_embedding(target)  # [V, d]
+    if embedding.shape != (target_config.vocab_size, target_config.hidden_size):
+        raise CheckpointError(f"{target}: {EMBEDDING_KEY} is {tuple(embedding.shape)}, its config says "
+                              f"{(target_config.vocab_size, target_config.hidden_size)}")
+    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype)
+    log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
+    width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
+    return ServiceDraft(proposer, target_config.vocab_size, width)
+
+
+def load_target_embedding(folder: Path) -> torch.Tensor:
+    """Read only the input embedding [V, d] of a target checkpoint (the rest of the weights stay on disk)."""
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            if EMBEDDING_KEY in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                return f.get_tensor(EMBEDDING_KEY)
+    raise CheckpointError(f"target checkpoint {folder} has no {EMBEDDING_KEY}; is it a Llama / Qwen3 model?")

@@ -12,19 +12,21 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 from grpc import aio
 
+from draft_service.proposers import ServiceDraft
 from draft_service.session import Session
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from ssd.spec.metrics import SpecCounters
-from ssd.spec.proposer import Proposer
 
 log = structlog.get_logger(__name__)
 
 
 class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
-    def __init__(self, proposer: Proposer, draft_name: str, vocab_size: int) -> None:
-        self.proposer = proposer
+    def __init__(self, draft: ServiceDraft, draft_name: str) -> None:
+        self.draft = draft
+        self.proposer = draft.proposer
         self.draft_name = draft_name
-        self.vocab_size = vocab_size
+        self.vocab_size = draft.vocab_size
+        self.feature_layers = list(draft.proposer.feature_layers)  # target layers the draft needs features of
         self.sessions: dict[str, Session] = {}
         self.counters = SpecCounters()  # rounds and draft tokens proposed (acceptance is the target's)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proposer")
@@ -42,7 +44,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
     async def Session(self, request_iterator: AsyncIterator[draft_pb2.SessionRequest],
                       context: aio.ServicerContext) -> AsyncIterator[draft_pb2.SessionResponse]:
         key = uuid.uuid4().hex
-        session = Session(self.proposer, target_id="unknown")
+        session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width)
         self.sessions[key] = session
         bound = log.bind(session=key[:8])
         try:
@@ -53,11 +55,13 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     bound.info("session opened", target=session.target_id)
                     error = self._hello(msg.hello)
                     yield error or draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
-                        draft_name=self.draft_name, transport=common_pb2.TENSOR_TRANSPORT_INLINE))
+                        draft_name=self.draft_name, transport=common_pb2.TENSOR_TRANSPORT_INLINE,
+                        feature_layers=self.feature_layers))
                 elif kind == "round":
                     specs = await self._in_worker(session.run_round, msg.round)
                     for item in specs.items:
-                        self.counters.record(len(item.token_ids), 0, 0)
+                        if item.token_ids:  # empty ones (no target features) are no draft
+                            self.counters.record(len(item.token_ids), 0, 0)
                     for err in specs.errors:
                         bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
@@ -73,7 +77,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
 
     async def GetInfo(self, request: draft_pb2.DraftInfoRequest, context: aio.ServicerContext) -> draft_pb2.DraftInfo:
         return draft_pb2.DraftInfo(draft_name=self.draft_name, vocab_size=self.vocab_size,
-                                   has_q=self.draft_name != "ngram")
+                                   has_q=self.draft_name != "ngram", feature_layers=self.feature_layers)
 
     async def GetLoad(self, request: common_pb2.LoadRequest, context: aio.ServicerContext) -> common_pb2.Load:
         worker = getattr(self.proposer, "worker", None)

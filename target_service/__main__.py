@@ -17,7 +17,7 @@ from ssd.model_store import resolve_model
 from ssd.spec.config import SpeculationConfig
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
-from target_service.remote_proposer import RemoteProposer
+from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from target_service.verifier import VerifierServicer
 
 log = structlog.get_logger(__name__)
@@ -32,8 +32,11 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
     spec_config = SpeculationConfig(draft="remote", num_speculative_tokens=config.num_speculative_tokens,
                                     k_schedule=((config.max_num_seqs, config.num_speculative_tokens),))
     vocab_size = load_model_config(resolve_model(config.model)).vocab_size
-    proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size,
-                              config.draft_timeout_s, config.reconnect_interval_s)
+    feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
+    if feature_layers is None:
+        feature_layers = fetch_feature_layers(config.draft_address, config.draft_info_timeout_s)
+    proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size, config.draft_timeout_s,
+                              config.reconnect_interval_s, feature_layers)
     engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
     return engine, proposer
 

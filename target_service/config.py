@@ -22,6 +22,8 @@ class TargetServiceConfig:
     num_speculative_tokens: int = 4  # lookahead K
     default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" (sd needs a draft)
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
+    draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
+    draft_info_timeout_s: float = 60.0  # start-up wait for the draft's GetInfo (its feature layers)
     reconnect_interval_s: float = 0.5  # between attempts to (re)open the draft session
     grace_s: float = 10.0  # drain time on SIGTERM
     log_level: str = "info"
@@ -30,8 +32,23 @@ class TargetServiceConfig:
     def __post_init__(self) -> None:
         if self.default_mode not in ("ar", "sd"):
             raise InvalidRequestError(f"default mode must be 'ar' or 'sd', got {self.default_mode!r}")
-        if self.draft_timeout_s <= 0 or self.num_threads < 1:
-            raise InvalidRequestError("draft timeout must be > 0 and threads >= 1")
+        if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0 or self.num_threads < 1:
+            raise InvalidRequestError("draft timeouts must be > 0 and threads >= 1")
+        if self.draft_feature_layers is not None and any(layer < 0 for layer in self.draft_feature_layers):
+            raise InvalidRequestError(f"feature layers must be >= 0, got {self.draft_feature_layers}")
+
+
+def parse_feature_layers(text: str) -> tuple[int, ...] | None:
+    """'auto' -> None (ask the draft), 'none' or '' -> (), '2,15,27' -> (2, 15, 27)."""
+    text = text.strip().lower()
+    if text == "auto":
+        return None
+    if text in ("", "none"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"takes 'auto', 'none' or layer numbers like '2,15,27', got {text!r}") from e
 
 
 def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
@@ -50,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--k", type=int, default=4, help="lookahead K")
     p.add_argument("--default-mode", default="sd", choices=["ar", "sd"])
     p.add_argument("--draft-timeout-s", type=float, default=5.0)
+    p.add_argument("--draft-feature-layers", type=parse_feature_layers,
+                   default=env.get("SSD_TARGET_DRAFT_FEATURE_LAYERS", "auto"),
+                   help="target layers whose features the draft needs (EAGLE-3): 'auto' asks the draft at "
+                        "start-up, 'none', or e.g. '2,15,27'")
+    p.add_argument("--draft-info-timeout-s", type=float, default=60.0,
+                   help="with 'auto' feature layers: how long start-up waits for the draft to answer")
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
@@ -57,4 +80,5 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, num_threads=a.threads,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
-        draft_timeout_s=a.draft_timeout_s, log_level=a.log_level, log_json=not a.log_text)
+        draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
+        draft_info_timeout_s=a.draft_info_timeout_s, log_level=a.log_level, log_json=not a.log_text)

@@ -5,6 +5,11 @@ draft has not seen, outcomes as deltas for the others) and waits for the Specula
 same round id. If the draft is unreachable, slow past the timeout, or the stream breaks, the
 affected rounds get empty speculations (a plain decode step: output is unchanged) and a
 background thread reopens the session; a new session re-sends every sequence as a Prefill.
+
+A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the
+engine computes them (known before it is built: `fetch_feature_layers`) and each Prefill / Outcome
+carries the features of its new positions. Features are not kept here: a sequence re-sent after a
+reconnect lacks its old ones, and the draft gives it empty speculations.
 """
 
 import itertools
@@ -16,15 +21,37 @@ import grpc
 import structlog
 import torch
 
-from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
-from rpc.options import CHANNEL_OPTIONS
-from rpc.tensors import from_tensor
+from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from rpc.tensors import from_tensor, to_tensor
 from ssd.spec.proposer import ProposeRequest
 from ssd.spec.speculation import Speculation
 
 log = structlog.get_logger(__name__)
 
 _CLOSE = object()  # ends a session's request iterator
+_MAX_FEATURE_BYTES = MAX_MESSAGE_BYTES // 2  # inline feature bytes per Round; the rest of a round goes without
+
+
+def fetch_feature_layers(address: str, timeout_s: float) -> tuple[int, ...]:
+    """The target layers whose features the draft needs (its GetInfo), waiting up to `timeout_s` for it to serve."""
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        try:
+            info = draft_pb2_grpc.SpeculatorStub(channel).GetInfo(draft_pb2.DraftInfoRequest(), timeout=timeout_s,
+                                                                   wait_for_ready=True)
+        except grpc.RpcError as e:
+            log.warning("the draft did not answer GetInfo; computing no target features for it",
+                        address=address, code=e.code().name if e.code() else None)
+            return ()
+    return tuple(info.feature_layers)
+
+
+def features_tensor(features: torch.Tensor) -> common_pb2.Tensor:
+    """[n, F] target features on the wire: bfloat16 as its bit patterns, any other dtype as float32."""
+    t = features.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return to_tensor(t.view(torch.int16).numpy(), dtype="bfloat16")
+    return to_tensor(t.float().numpy())
 
 
 @dataclass
@@ -42,6 +69,7 @@ class _Session:
         self.responses: queue.SimpleQueue = queue.SimpleQueue()
         self.known: dict[int, _SeqState] = {}  # sequences the draft holds on this session
         self.is_broken = False
+        self.sends_features = False  # whether the draft drafts from target features (set by its Ready)
         stub = draft_pb2_grpc.SpeculatorStub(channel)
         self.call = stub.Session(iter(self.requests.get, _CLOSE))
         threading.Thread(target=self._read, daemon=True, name="draft-session-reader").start()
@@ -80,17 +108,19 @@ class _Session:
 
 
 class RemoteProposer:
-    feature_layers: tuple[int, ...] = ()
+    """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up."""
 
     def __init__(self, address: str, target_id: str, vocab_size: int, timeout_s: float = 5.0,
-                 reconnect_interval_s: float = 0.5) -> None:
+                 reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = ()) -> None:
         self.address = address
+        self.feature_layers = tuple(feature_layers)
         self.target_id = target_id
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.reconnect_interval_s = reconnect_interval_s
         self._session: _Session | None = None
         self._round_ids = itertools.count(1)
+        self._refused_for_features = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keep_connected, daemon=True, name="draft-reconnect")
         self._thread.start()
@@ -118,7 +148,17 @@ class RemoteProposer:
             log.warning("draft session refused", address=self.address, reason=reason)
             session.close()
             return None
-        log.info("draft session open", address=self.address, draft=answer.ready.draft_name)
+        needed = tuple(answer.ready.feature_layers)
+        if needed and needed != self.feature_layers:
+            (log.debug if self._refused_for_features else log.warning)(
+                "the draft needs target features this target does not compute; decoding without it until the "
+                "target restarts (its --draft-feature-layers)", address=self.address,
+                draft_feature_layers=needed, target_feature_layers=self.feature_layers)
+            self._refused_for_features = True  # warned once; the reconnect loop keeps asking quietly
+            session.close()
+            return None
+        session.sends_features = bool(needed)
+        log.info("draft session open", address=self.address, draft=answer.ready.draft_name, feature_layers=needed)
         return session
 
     def _keep_connected(self) -> None:
@@ -141,18 +181,29 @@ class RemoteProposer:
             self._session.close()
 
     # -- the Proposer protocol --------------------------------------------------------------
-    def _entry(self, session: _Session, r: ProposeRequest, round_: draft_pb2.Round) -> None:
+    def _entry(self, session: _Session, r: ProposeRequest, round_: draft_pb2.Round, room: int) -> int:
+        """Add the sequence's Prefill or Outcome to the round; returns the feature bytes it used of `room`."""
         state = session.known.get(r.seq_id)
         if state is None:
-            round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
-                                seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF)
-            return
-        new = r.token_ids[state.num_sent :]
-        k = 0
-        while k < min(len(state.last_tokens), len(new) - 1) and state.last_tokens[k] == new[k]:
-            k += 1
-        round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent, new_token_ids=new,
-                            num_accepted=k if state.last_tokens else -1, bonus_token=new[-1] if new else 0)
+            msg = round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
+                                      seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF)
+        else:
+            new = r.token_ids[state.num_sent :]
+            k = 0
+            while k < min(len(state.last_tokens), len(new) - 1) and state.last_tokens[k] == new[k]:
+                k += 1
+            msg = round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent, new_token_ids=new,
+                                      num_accepted=k if state.last_tokens else -1, bonus_token=new[-1] if new else 0)
+        if not session.sends_features or r.features is None:
+            return 0
+        num_bytes = r.features.numel() * r.features.element_size()  # [n, F]
+        if num_bytes > room:  # the draft sees a gap and stops drafting this sequence; the round still fits
+            log.warning("target features do not fit in this round; the sequence goes without speculation",
+                        seq_id=r.seq_id, num_bytes=num_bytes)
+            return 0
+        msg.features.CopyFrom(features_tensor(r.features))
+        msg.features_start = r.features_start
+        return num_bytes
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
         session = self._session
@@ -163,8 +214,9 @@ class RemoteProposer:
         tree = next((r.tree for r in requests if r.tree is not None), None)
         if tree is not None:
             round_.tree.CopyFrom(draft_pb2.TreeShape(budget=tree.budget, depth=tree.depth, top_k=tree.top_k))
+        room = _MAX_FEATURE_BYTES
         for r in requests:
-            self._entry(session, r, round_)
+            room -= self._entry(session, r, round_, room)
         round_id = next(self._round_ids)
         session.send(draft_pb2.SessionRequest(round_id=round_id, round=round_))
         answer = session.receive(round_id, self.timeout_s)

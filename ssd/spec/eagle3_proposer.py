@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from ssd.engine.model_worker import ModelWorker
 from ssd.errors import InvalidRequestError
 from ssd.loader.eagle3_checkpoint import load_eagle3_head
 from ssd.loader.model_loader import parse_dtype
+from ssd.model_config import ModelConfig
 from ssd.models.eagle3 import HeadKVCache
 from ssd.spec.proposer import ProposeRequest, TreeShape
 from ssd.spec.speculation import Speculation
@@ -41,10 +41,10 @@ class _Node:
 
 
 class Eagle3Proposer:
-    def __init__(self, path: Path, target: ModelWorker, dtype: str) -> None:
-        tc = target.model_config
-        embedding = target.model.model.embed_tokens.weight
-        self.head = load_eagle3_head(path, embedding, parse_dtype(dtype), tc.num_hidden_layers)
+    def __init__(self, path: Path, target_embedding: torch.Tensor, target_config: ModelConfig, dtype: str) -> None:
+        """`target_embedding` [vocab, d]: the target's input embedding (used when the head ships none)."""
+        tc = target_config
+        self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype), tc.num_hidden_layers)
         hc = self.head.config
         if hc.vocab_size != tc.vocab_size or hc.target_hidden_size != tc.hidden_size:
             raise InvalidRequestError(

@@ -27,6 +27,6 @@ def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -
     if is_eagle3_folder(path):
         from ssd.spec.eagle3_proposer import Eagle3Proposer
 
-        return Eagle3Proposer(path, target, draft_dtype)
+        return Eagle3Proposer(path, target.model.model.embed_tokens.weight, target.model_config, draft_dtype)
     return DraftModelProposer(path, draft_dtype, target.model_config.vocab_size,
                               block_size=target.block_manager.block_size)

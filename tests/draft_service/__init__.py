@@ -1,0 +1,1 @@
+"""Tests of the draft service that run in-process (no servers)."""

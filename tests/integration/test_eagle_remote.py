@@ -1,0 +1,100 @@
+"""An EAGLE-3 head served by the draft service: target features cross the session, greedy output equals AR.
+
+Real processes on localhost, started by the `ssd serve` launcher: a tiny float32 target, a draft service
+with a tiny EAGLE-3 head over it, a gateway (tiny random models written to tmp; token-id prompts straight
+to the target).
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child, stop_stack
+from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from tests.integration.helpers import draft_load
+from tests.spec.test_eagle3_sd import PROMPTS, write_tiny_head
+from tests.tiny_models import write_tiny_checkpoint
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
+    write_tiny_checkpoint(target, "llama", seed=0)
+    write_tiny_head(head, target)
+    return target, head
+
+
+@pytest.fixture(scope="module")
+def services(folders, tmp_path_factory):
+    """`ssd serve --draft <head>`: the launcher hands the target model to the draft service."""
+    target, head = folders
+    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+                         grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-eagle"))
+    stack = start_stack(config, timeout_s=180)
+    try:
+        yield stack.target_addresses[0], stack.draft_address
+    finally:
+        stop_stack(stack)
+
+
+def generate(address: str, prompt: list[int]) -> target_pb2.VerifierGenerateResponse:
+    """All tokens of one greedy request, and its last message (finish reason, speculation stats)."""
+    params = common_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    request = target_pb2.VerifierGenerateRequest(prompt_token_ids=prompt, params=params,
+                                                 mode=common_pb2.SPECULATION_MODE_SD)
+    tokens, last = [], None
+    with grpc.insecure_channel(address) as channel:
+        for last in target_pb2_grpc.VerifierStub(channel).Generate(request, timeout=120):
+            tokens.extend(last.token_ids)
+    return tokens, last
+
+
+def test_greedy_output_through_the_services_equals_ar(folders, services):
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+
+    target_address, draft_address = services
+    with grpc.insecure_channel(draft_address) as channel:
+        info = draft_pb2_grpc.SpeculatorStub(channel).GetInfo(draft_pb2.DraftInfoRequest(), timeout=5)
+    assert list(info.feature_layers) == [0, 1, 2]
+    ar = LLM(str(folders[0]), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    expected = [ar.generate([p], params)[0].token_ids for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # concurrent: rounds carry several sequences
+        results = list(pool.map(lambda p: generate(target_address, p), PROMPTS))
+    assert [tokens for tokens, _ in results] == expected
+    assert sum(last.spec.num_draft_tokens for _, last in results) > 0
+    assert draft_load(draft_address).num_draft_tokens > 0
+
+
+def test_eagle_draft_without_target_model_fails_clearly(folders, tmp_path):
+    _, head = folders
+    address = f"127.0.0.1:{free_port()}"
+    child = spawn("draft-no-target", ["draft_service", "--draft", str(head), "--address", address,
+                                      "--threads", "1"], address, None, tmp_path)
+    try:
+        assert child.proc.wait(timeout=120) != 0
+    finally:
+        stop_child(child)
+    log = (tmp_path / "draft-no-target.log").read_text()
+    assert "EAGLE-3 head" in log and "--target-model" in log
+
+
+def test_per_request_speculation_stats_equal_in_process_eagle(folders, services):
+    """Same features, same head: the remote drafts are the in-process drafts, so accepted counts match."""
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+    from ssd.spec.config import SpeculationConfig
+
+    target, head = folders
+    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
+    llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    for prompt in PROMPTS:  # one at a time: the same batch shapes on both sides
+        local = llm.generate([prompt], params)[0].spec
+        _, last = generate(services[0], prompt)
+        assert (last.spec.num_draft_tokens, last.spec.num_accepted_tokens) == (
+            local["num_draft_tokens"], local["num_accepted_tokens"])
