@@ -27,7 +27,7 @@ async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
 
     async def on_stop() -> None:
-        servicer.executor.shutdown(wait=True)
+        await servicer.close()
 
     await server.run(on_stop)
 

@@ -13,7 +13,7 @@ import structlog
 import torch
 
 from protos.ssd.v1 import common_pb2, draft_pb2
-from rpc.tensors import from_tensor, to_tensor
+from rpc.tensors import SessionTensors
 from ssd.spec.proposer import Proposer, ProposeRequest, TreeShape
 from ssd.spec.speculation import Speculation
 
@@ -52,12 +52,12 @@ class DraftSequence:
         return start, features
 
 
-def features_from(tensor: common_pb2.Tensor, width: int) -> torch.Tensor:
+def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors) -> torch.Tensor:
     """[n, width] target features off the wire (float32, or bfloat16 sent as bit patterns)."""
     if tensor.dtype not in ("float32", "bfloat16") or len(tensor.shape) != 2 or tensor.shape[1] != width:
         raise ValueError(f"target features must be [n, {width}] float32 or bfloat16, "
                          f"got {list(tensor.shape)} {tensor.dtype}")
-    features = torch.from_numpy(from_tensor(tensor).copy())
+    features = torch.from_numpy(tensors.decode(tensor))
     return features.view(torch.bfloat16) if tensor.dtype == "bfloat16" else features
 
 
@@ -67,10 +67,11 @@ class Session:
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
         self.seqs: dict[int, DraftSequence] = {}  # target seq id -> state
+        self.tensors = SessionTensors()  # inline, or shared memory once Hello / Ready agreed on it
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
-            seq.add_features(msg.features_start, features_from(msg.features, self.feature_width))
+            seq.add_features(msg.features_start, features_from(msg.features, self.feature_width, self.tensors))
 
     def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
         old = self.seqs.pop(p.seq_id, None)
@@ -138,8 +139,9 @@ class Session:
             else:
                 asking.append((seq_id, seq))
         specs = self.proposer.propose([self._request(seq, k, tree) for _, seq in asking]) if asking else []
+        self.tensors.start_message(sum(s.q.numel() * 4 for s in specs if s.q is not None))  # q goes as float32
         for (seq_id, _), spec in zip(asking, specs, strict=True):
-            out.items.append(to_message(seq_id, spec))
+            out.items.append(to_message(seq_id, spec, self.tensors))
         return out
 
     def _request(self, seq: DraftSequence, k: int, tree: TreeShape | None) -> ProposeRequest:
@@ -155,10 +157,11 @@ class Session:
 
     def close(self) -> None:
         self.release(list(self.seqs))
+        self.tensors.close()  # unlinks this session's shared-memory segment, if any
 
 
-def to_message(seq_id: int, spec: Speculation) -> draft_pb2.SequenceSpeculation:
+def to_message(seq_id: int, spec: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:
     msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=spec.tokens, parents=spec.parents or [])
     if spec.q is not None:  # [n, V] float32
-        msg.q.CopyFrom(to_tensor(spec.q.float().numpy()))
+        msg.q.CopyFrom(tensors.encode(spec.q.float().numpy()))
     return msg

@@ -46,6 +46,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         key = uuid.uuid4().hex
         session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width)
         self.sessions[key] = session
+        context.add_done_callback(lambda _: self._end_session(key))
         bound = log.bind(session=key[:8])
         try:
             async for msg in request_iterator:
@@ -54,9 +55,14 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     session.target_id = msg.hello.target_id
                     bound.info("session opened", target=session.target_id)
                     error = self._hello(msg.hello)
-                    yield error or draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
-                        draft_name=self.draft_name, transport=common_pb2.TENSOR_TRANSPORT_INLINE,
-                        feature_layers=self.feature_layers))
+                    if error is not None:
+                        yield error
+                        continue
+                    probe = msg.hello.shm_probe if msg.hello.HasField("shm_probe") else None
+                    transport = session.tensors.accept(list(msg.hello.transports), probe)
+                    bound.info("tensor transport", transport=common_pb2.TensorTransport.Name(transport))
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
+                        draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
                 elif kind == "round":
                     specs = await self._in_worker(session.run_round, msg.round)
                     for item in specs.items:
@@ -71,9 +77,22 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, error=draft_pb2.Error(
                         code="INVALID_ARGUMENT", message="a SessionRequest needs hello, round or release"))
         finally:
-            self.sessions.pop(key, None)
+            self._end_session(key)
+
+    def _end_session(self, key: str) -> None:
+        """Free a session whose stream ended, once: from the RPC's done callback (a cancelled stream's handler
+        may never reach its `finally`) or that `finally`. The worker closes it after any round in progress."""
+        session = self.sessions.pop(key, None)
+        if session is not None:  # else already freed (or close() did)
+            self.executor.submit(session.close)
+            log.info("session closed", session=key[:8], target=session.target_id)
+
+    async def close(self) -> None:
+        """After the server stopped: free every session left (state, shared memory), then the worker."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for session in sessions:
             await self._in_worker(session.close)
-            bound.info("session closed", target=session.target_id)
+        self.executor.shutdown(wait=True)
 
     async def GetInfo(self, request: draft_pb2.DraftInfoRequest, context: aio.ServicerContext) -> draft_pb2.DraftInfo:
         return draft_pb2.DraftInfo(draft_name=self.draft_name, vocab_size=self.vocab_size,

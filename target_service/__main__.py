@@ -36,7 +36,8 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
     if feature_layers is None:
         feature_layers = fetch_feature_layers(config.draft_address, config.draft_info_timeout_s)
     proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size, config.draft_timeout_s,
-                              config.reconnect_interval_s, feature_layers)
+                              config.reconnect_interval_s, feature_layers,
+                              offer_shared_memory=config.tensor_transport == "auto")
     engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
     return engine, proposer
 

@@ -24,12 +24,15 @@ class TargetServiceConfig:
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
     draft_info_timeout_s: float = 60.0  # start-up wait for the draft's GetInfo (its feature layers)
+    tensor_transport: str = "auto"  # "auto": shared memory when the draft shares this node, else inline; "inline"
     reconnect_interval_s: float = 0.5  # between attempts to (re)open the draft session
     grace_s: float = 10.0  # drain time on SIGTERM
     log_level: str = "info"
     log_json: bool = True
 
     def __post_init__(self) -> None:
+        if self.tensor_transport not in ("auto", "inline"):
+            raise InvalidRequestError(f"tensor transport must be 'auto' or 'inline', got {self.tensor_transport!r}")
         if self.default_mode not in ("ar", "sd"):
             raise InvalidRequestError(f"default mode must be 'ar' or 'sd', got {self.default_mode!r}")
         if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0 or self.num_threads < 1:
@@ -73,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                         "start-up, 'none', or e.g. '2,15,27'")
     p.add_argument("--draft-info-timeout-s", type=float, default=60.0,
                    help="with 'auto' feature layers: how long start-up waits for the draft to answer")
+    p.add_argument("--tensor-transport", default=env.get("SSD_TARGET_TENSOR_TRANSPORT", "auto"),
+                   choices=["auto", "inline"], help="tensors to / from the draft: shared memory on one node, or inline")
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
@@ -81,4 +86,4 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
-        draft_info_timeout_s=a.draft_info_timeout_s, log_level=a.log_level, log_json=not a.log_text)
+        draft_info_timeout_s=a.draft_info_timeout_s, tensor_transport=a.tensor_transport, log_level=a.log_level, log_json=not a.log_text)

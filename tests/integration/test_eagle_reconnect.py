@@ -14,9 +14,10 @@ from deploy.local import free_port
 from draft_service.config import DraftServiceConfig
 from draft_service.proposers import build_service_proposer
 from draft_service.speculator import SpeculatorServicer
-from protos.ssd.v1 import draft_pb2_grpc
+from protos.ssd.v1 import common_pb2, draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.server import GrpcServer, ServiceSpec
+from rpc.shared_memory import SHM_DIR
 from ssd.spec.proposer import ProposeRequest
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from tests.integration.helpers import wait_for
@@ -24,6 +25,7 @@ from tests.spec.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
 K = 3
+SHM, INLINE = common_pb2.TENSOR_TRANSPORT_SHARED_MEMORY, common_pb2.TENSOR_TRANSPORT_INLINE
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +49,30 @@ def draft_address(tmp_path_factory):
     server = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
     yield address
     asyncio.run_coroutine_threadsafe(server.server.stop(0.5), loop).result(30)
+    asyncio.run_coroutine_threadsafe(servicer.close(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
-    servicer.executor.shutdown(wait=True)
 
 
-def request(seq_id: int, tokens: list[int], start: int, features: torch.Tensor | None) -> ProposeRequest:
-    return ProposeRequest(seq_id, tokens, K, 0.0, torch.Generator(), None, features, start)
+def segments() -> set[str]:
+    return {p.name for p in SHM_DIR.glob("ssd-*")}
 
 
-def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_address):
+def request(seq_id: int, tokens: list[int], start: int, features: torch.Tensor | None,
+            temperature: float = 0.0) -> ProposeRequest:
+    return ProposeRequest(seq_id, tokens, K, temperature, torch.Generator(), None, features, start)
+
+
+@pytest.mark.parametrize("transport", [SHM, INLINE], ids=["shared-memory", "inline"])
+def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_address, transport):
     layers = fetch_feature_layers(draft_address, timeout_s=10)
     assert layers == (0, 1, 2)
+    before = segments()
     proposer = RemoteProposer(draft_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05,
-                              feature_layers=layers)
+                              feature_layers=layers, offer_shared_memory=transport == SHM)
     try:
         assert wait_for(lambda: proposer.is_connected)
+        assert proposer._session.tensors.transport == transport
         tokens, width = [5, 6, 7, 8, 40], 3 * 64
         first = proposer.propose([request(1, tokens, 0, torch.randn(4, width, dtype=torch.bfloat16))])
         assert len(first[0].tokens) == K  # bfloat16 features crossed the wire
@@ -79,8 +89,11 @@ def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_addr
         assert resent[0].tokens == [] and len(resent[1].tokens) == K
         later = proposer.propose([request(1, [*tokens, 43], 7, torch.randn(1, width))])
         assert later[0].tokens == [] and proposer.is_connected  # no speculation, no error, session kept
+        sampled = proposer.propose([request(3, [9, 10, 11], 0, torch.randn(2, width), temperature=1.0)])[0]
+        assert sampled.q.shape == (K, 96) and torch.allclose(sampled.q.sum(-1), torch.ones(K))  # q came back
     finally:
         proposer.close()
+    assert wait_for(lambda: not segments() - before, timeout_s=10)  # both sides unlinked their segments
 
 
 def test_a_target_without_the_drafts_feature_layers_stays_in_ar(draft_address):

@@ -12,7 +12,8 @@ import pytest
 
 from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child, stop_stack
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
-from tests.integration.helpers import draft_load
+from rpc.shared_memory import SHM_DIR
+from tests.integration.helpers import draft_load, wait_for
 from tests.spec.test_eagle3_sd import PROMPTS, write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -33,14 +34,21 @@ def services(folders, tmp_path_factory):
     target, head = folders
     config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-eagle"))
+    before = segments()
     stack = start_stack(config, timeout_s=180)
     try:
         yield stack.target_addresses[0], stack.draft_address
     finally:
         stop_stack(stack)
+    assert (config.log_dir / "draft.log").read_text().count("TENSOR_TRANSPORT_SHARED_MEMORY") >= int(SHM_DIR.is_dir())
+    assert wait_for(lambda: not segments() - before, timeout_s=10)  # stopped services unlinked their segments
 
 
-def generate(address: str, prompt: list[int]) -> target_pb2.VerifierGenerateResponse:
+def segments() -> set[str]:
+    return {p.name for p in SHM_DIR.glob("ssd-*")}
+
+
+def generate(address: str, prompt: list[int]) -> tuple[list[int], target_pb2.VerifierGenerateResponse]:
     """All tokens of one greedy request, and its last message (finish reason, speculation stats)."""
     params = common_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     request = target_pb2.VerifierGenerateRequest(prompt_token_ids=prompt, params=params,

@@ -1,0 +1,74 @@
+"""One open Speculator.Session stream seen from the target: requests in, a reader thread queuing answers.
+
+It also keeps what the draft holds on this session (`known`: committed tokens sent, the last chain) and
+the session's tensor transport (inline, or shared memory when the draft's Ready agreed to it).
+"""
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
+from rpc.tensors import SessionTensors
+
+log = structlog.get_logger(__name__)
+
+CLOSE = object()  # ends a session's request iterator
+
+
+@dataclass
+class SentSequence:
+    num_sent: int  # committed tokens the draft holds
+    last_tokens: list[int] = field(default_factory=list)  # the last speculation (a chain), for k accepted
+
+
+class DraftSession:
+    """One open Session stream: a request queue in, a reader thread filling a response queue."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.responses: queue.SimpleQueue = queue.SimpleQueue()
+        self.known: dict[int, SentSequence] = {}  # sequences the draft holds on this session
+        self.is_broken = False
+        self.sends_features = False  # whether the draft drafts from target features (set by its Ready)
+        self.tensors = SessionTensors()  # inline, or shared memory once the draft's Ready agrees
+        stub = draft_pb2_grpc.SpeculatorStub(channel)
+        self.call = stub.Session(iter(self.requests.get, CLOSE))
+        threading.Thread(target=self._read, daemon=True, name="draft-session-reader").start()
+
+    def _read(self) -> None:
+        try:
+            for response in self.call:
+                self.responses.put(response)
+        except grpc.RpcError as e:
+            log.warning("draft session broke", code=e.code().name if e.code() else None)
+        finally:
+            self.is_broken = True
+            self.responses.put(None)
+
+    def send(self, msg: draft_pb2.SessionRequest) -> None:
+        self.requests.put(msg)
+
+    def receive(self, round_id: int, timeout_s: float) -> draft_pb2.SessionResponse | None:
+        """The answer to `round_id`, or None if the session broke or the answer is late."""
+        while not self.is_broken or not self.responses.empty():
+            try:
+                response = self.responses.get(timeout=timeout_s)
+            except queue.Empty:
+                return None
+            if response is None:
+                return None
+            if response.round_id == round_id:
+                return response
+        return None
+
+    def close(self) -> None:
+        self.is_broken = True
+        self.requests.put(CLOSE)
+        self.call.cancel()
+        self.channel.close()
+        self.tensors.close()  # unlinks this session's shared-memory segment, if any
