@@ -57,7 +57,8 @@ class ModelRunner:
         ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
         query_index = torch.zeros(len(items), num_q, dtype=torch.long)
         kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
-        needs_mask = not (len(items) == 1 and num_q == 1)  # one decode token sees every key: no mask
+        # one plain decode token sees every key: no mask (an explicit mask, e.g. an SSD branch, still applies)
+        needs_mask = not (len(items) == 1 and num_q == 1 and items[0].attn_mask is None)
         mask = torch.zeros(len(items), num_q, num_s, dtype=torch.bool)
         mask[:, :, 0] = True  # padding queries look at key 0 so softmax stays finite
         offset = 0

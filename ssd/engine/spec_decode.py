@@ -55,7 +55,7 @@ class SpeculativeDecoder:
         dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
         start, features = self.features.pop(seq.seq_id, (0, None))
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
-                              features, start)
+                              features, start, ssd=p.ssd)
 
     def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
         start = seq.num_cached_tokens  # the last committed token's position: the root
@@ -87,8 +87,9 @@ class SpeculativeDecoder:
                 rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)])
                 self.add_features(seq.seq_id, item.start_position, out.aux_hidden[rows])
             if seq.params.speculate:
-                self.counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
-                seq.spec_counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens))
+                for counters in (self.counters, seq.spec_counters):
+                    counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
+                                    spec.predicted_hit)
             results.append(outcome.tokens)
             offset += n
         return results

@@ -258,6 +258,17 @@ class Eagle3Head(nn.Module):
         out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
         return out, self.logits(out)
 
+    def forward_masked(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                       mask: torch.Tensor, cache: HeadKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like `forward` for n new positions of one sequence, but with explicit RoPE `positions` [n] and an
+        attention `mask` [n, cache.length + n] (True = may attend), e.g. all SSD tree branches of one depth."""
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)[None]  # [1, n, d]
+        q, k, v = self.midlayer.qkv(emb, hidden[None], positions)
+        cache.append(k[0], v[0])
+        attn = attend(q, cache.k[None, : cache.length], cache.v[None, : cache.length], mask[None, None])  # [1, n, H*D]
+        out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
+        return out, self.logits(out)
+
     def forward_train(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                       attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Batched full-sequence causal forward: input_ids [B, L], hidden [B, L, d], attention_mask [B, L]

@@ -17,6 +17,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
     draft_temperature: float | None = None  # speculation: the draft's sampling temperature; None = temperature
     speculate: bool = True  # False: plain decoding for this request even when the engine speculates
+    ssd: bool = False  # ask a remote draft to answer from its SSD speculation cache (in-process: the engine's config)
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):

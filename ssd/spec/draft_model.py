@@ -79,8 +79,9 @@ class DraftModelProposer:
         tokens: list[list[int]] = [[] for _ in requests]
         qs: list[list[torch.Tensor | None]] = [[] for _ in requests]
         temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
+        scales = [r.saguaro for r in requests]
         for step in range(k):
-            picked, q_rows = pick_tokens(logits, temps, gens)
+            picked, q_rows = pick_tokens(logits, temps, gens, scales, step)
             for i, (t, q) in enumerate(zip(picked, q_rows, strict=True)):
                 tokens[i].append(t)
                 qs[i].append(q)

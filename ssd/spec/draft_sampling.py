@@ -2,6 +2,8 @@
 
 import torch
 
+from ssd.spec.saguaro import SaguaroScale
+
 
 def draft_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:  # [N, V] -> [N, V] float32
     return torch.softmax(logits.float() / temperature, dim=-1)
@@ -11,8 +13,11 @@ def pick_tokens(
     logits: torch.Tensor,  # [B, V]
     temperatures: list[float],
     generators: list[torch.Generator],
+    scales: list[SaguaroScale | None] | None = None,
+    step: int = 0,
 ) -> tuple[list[int], list[torch.Tensor | None]]:
-    """One draft token per row and the q row it was drawn from (None when picked greedily)."""
+    """One draft token per row and the q row it was drawn from (None when picked greedily); `scales` apply
+    Saguaro scaling at chain step `step` (the returned q is the scaled one, as the verifier must see it)."""
     greedy = logits.argmax(dim=-1).tolist()
     tokens: list[int] = []
     qs: list[torch.Tensor | None] = []
@@ -22,6 +27,8 @@ def pick_tokens(
             qs.append(None)
             continue
         q = draft_probs(logits[i : i + 1], temp)[0]
+        if scales is not None and scales[i] is not None:
+            q = scales[i].apply(q, step)
         tokens.append(int(torch.multinomial(q, 1, generator=generators[i])[0]))
         qs.append(q)
     return tokens, qs

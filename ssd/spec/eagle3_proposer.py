@@ -98,6 +98,8 @@ class Eagle3Proposer:
         for step in range(r.num_tokens):
             if r.temperature > 0:
                 probs = torch.softmax(logprobs / r.temperature, dim=-1)  # log-probs are logits up to a shift
+                if r.saguaro is not None:
+                    probs = r.saguaro.apply(probs, step)
                 draft_id = int(torch.multinomial(probs, 1, generator=r.generator)[0])
                 qs.append(self._to_target_q(probs))
             else:

@@ -4,11 +4,15 @@ import json
 from pathlib import Path
 
 from ssd.engine.model_worker import ModelWorker
+from ssd.errors import InvalidRequestError
 from ssd.model_store import resolve_model
-from ssd.spec.config import SpeculationConfig
+from ssd.spec.branch_drafter import BranchDrafter
+from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.draft_model import DraftModelProposer
 from ssd.spec.ngram import NgramProposer
+from ssd.spec.paged_branches import PagedBranchDrafter
 from ssd.spec.proposer import Proposer
+from ssd.spec.ssd_speculator import SsdSpeculator
 
 
 def is_eagle3_folder(folder: Path) -> bool:
@@ -27,6 +31,27 @@ def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -
     if is_eagle3_folder(path):
         from ssd.spec.eagle3_proposer import Eagle3Proposer
 
-        return Eagle3Proposer(path, target.model.model.embed_tokens.weight, target.model_config, draft_dtype)
-    return DraftModelProposer(path, draft_dtype, target.model_config.vocab_size,
-                              block_size=target.block_manager.block_size)
+        proposer: Proposer = Eagle3Proposer(path, target.model.model.embed_tokens.weight, target.model_config,
+                                            draft_dtype)
+    else:
+        proposer = DraftModelProposer(path, draft_dtype, target.model_config.vocab_size,
+                                      block_size=target.block_manager.block_size)
+    return with_ssd(proposer, config) if config.ssd is not None else proposer
+
+
+def branch_drafter_for(proposer: Proposer) -> BranchDrafter:
+    """The SSD glue / tree-decode adapter of a neural proposer."""
+    if isinstance(proposer, DraftModelProposer):
+        return PagedBranchDrafter(proposer)
+    from ssd.spec.eagle3_proposer import Eagle3Proposer
+
+    if isinstance(proposer, Eagle3Proposer):
+        from ssd.spec.eagle3_branches import Eagle3BranchDrafter
+
+        return Eagle3BranchDrafter(proposer)
+    raise InvalidRequestError(f"SSD needs a draft model or an EAGLE-3 head, not {type(proposer).__name__}")
+
+
+def with_ssd(proposer: Proposer, config: SpeculationConfig) -> SsdSpeculator:
+    """Wrap a neural proposer so it answers from an SSD speculation cache (built right after each answer)."""
+    return SsdSpeculator(proposer, branch_drafter_for(proposer), config.ssd or SsdConfig(), config.ngram_max)

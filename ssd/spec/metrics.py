@@ -10,8 +10,28 @@ class SpecCounters:
     num_accepted_tokens: int = 0  # draft tokens the target kept
     num_emitted_tokens: int = 0  # accepted + bonus tokens
     accepted_per_position: list[int] = field(default_factory=list)  # [j] = rounds accepting >= j+1 tokens
+    # SSD rounds only: was the verified speculation a cache hit, and what did it yield
+    num_cache_hits: int = 0
+    num_cache_misses: int = 0
+    emitted_after_hit: int = 0
+    emitted_after_miss: int = 0
+    predicted_hit_sum: float = 0.0  # the draft's predicted hit probabilities of these lookups
+    num_predicted: int = 0
+    num_predicted_hits: int = 0  # actual hits among the lookups that had a prediction
 
-    def record(self, num_proposed: int, num_accepted: int, num_emitted: int) -> None:
+    def record(self, num_proposed: int, num_accepted: int, num_emitted: int, cache_hit: bool | None = None,
+               predicted_hit: float | None = None) -> None:
+        if cache_hit is not None:
+            self.num_cache_hits += cache_hit
+            self.num_cache_misses += not cache_hit
+            if cache_hit:
+                self.emitted_after_hit += num_emitted
+            else:
+                self.emitted_after_miss += num_emitted
+            if predicted_hit is not None:
+                self.predicted_hit_sum += predicted_hit
+                self.num_predicted += 1
+                self.num_predicted_hits += cache_hit
         self.num_drafts += 1
         self.num_draft_tokens += num_proposed
         self.num_accepted_tokens += num_accepted
@@ -33,8 +53,27 @@ class SpecCounters:
     def mean_accepted_length(self) -> float:
         return self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
-    def as_dict(self) -> dict:
+    @property
+    def cache_hit_rate(self) -> float:
+        lookups = self.num_cache_hits + self.num_cache_misses
+        return self.num_cache_hits / lookups if lookups else 0.0
+
+    def ssd_dict(self) -> dict:
         return {
+            "cache_hits": self.num_cache_hits,
+            "cache_misses": self.num_cache_misses,
+            "cache_hit_rate": self.cache_hit_rate,
+            "tokens_per_round_hit": self.emitted_after_hit / self.num_cache_hits if self.num_cache_hits else 0.0,
+            "tokens_per_round_miss": (self.emitted_after_miss / self.num_cache_misses
+                                      if self.num_cache_misses else 0.0),
+            "predicted_hit_rate": self.predicted_hit_sum / self.num_predicted if self.num_predicted else 0.0,
+            "actual_hit_rate_when_predicted": self.num_predicted_hits / self.num_predicted if self.num_predicted else 0.0,
+        }
+
+    def as_dict(self) -> dict:
+        ssd = self.ssd_dict() if self.num_cache_hits + self.num_cache_misses else {}
+        return {
+            **ssd,
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,

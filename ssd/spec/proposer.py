@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from ssd.errors import InvalidRequestError
+from ssd.spec.saguaro import SaguaroScale
 from ssd.spec.speculation import Speculation
 
 
@@ -37,6 +38,8 @@ class ProposeRequest:
     tree: TreeShape | None = None  # None = a chain
     features: torch.Tensor | None = None  # [n, F] target features of committed positions not sent before
     features_start: int = 0  # the position of the first row of `features`
+    saguaro: SaguaroScale | None = None  # SSD: scale the draft's top probabilities before sampling (and in q)
+    ssd: bool = False  # the request's mode is SSD (a remote draft answers it from its speculation cache)
 
 
 class Proposer(Protocol):
