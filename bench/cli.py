@@ -10,7 +10,7 @@ from bench.runner import BenchSettings, by_dataset, run_benchmarks
 from ssd.cli_flags import add_speculation_flags, tree_from_args
 from ssd.errors import InvalidRequestError
 
-MODES = ("ar", "sd", "hf", "hf-assisted")
+MODES = ("ar", "sd", "ssd", "hf", "hf-assisted")
 
 
 def _int_list(text: str) -> list[int]:
@@ -31,12 +31,13 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-SWEEPABLE = {"k": int, "batch": int, "draft_temperature": float}  # --sweep NAME=v1,v2,...
+SWEEPABLE = {"k": int, "batch": int, "draft_temperature": float, "fan_out_budget": int,  # --sweep NAME=v1,v2,...
+             "saguaro_c": float}
 
 
 def _sweep(text: str) -> tuple[str, list]:
     name, sep, values = text.partition("=")
-    name = {"dtemp": "draft_temperature"}.get(name, name)
+    name = {"dtemp": "draft_temperature", "f": "fan_out_budget"}.get(name.replace("-", "_"), name.replace("-", "_"))
     if not sep or name not in SWEEPABLE:
         raise argparse.ArgumentTypeError(f"expected NAME=v1,v2,... with NAME in {', '.join(SWEEPABLE)}; got {text!r}")
     try:
@@ -49,7 +50,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
     p.add_argument("--mode", default=["ar"], type=_modes,
-                   help="comma list; ar: this engine, hf: HF transformers generate (same model, dtype, threads)")
+                   help="comma list; ar: this engine, sd: speculative, ssd: speculative speculative (the draft in "
+                        "its own process), hf: HF transformers generate (same model, dtype, threads)")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dataset", default="mtbench", choices=["mtbench", "humaneval", "all"])
     p.add_argument("--numseqs", type=int, default=16, help="prompts per dataset")
@@ -59,6 +61,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
+    p.add_argument("--target-core", type=int, default=None,
+                   help="pin this process (the target in every mode) to one CPU core, e.g. 0 with --threads 1")
+    p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
     add_speculation_flags(p)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
@@ -86,8 +91,13 @@ def main(args: argparse.Namespace) -> int:
             mode=args.mode[0], model=args.model, dataset=dataset, output_len=args.output_len,
             batch=batches[0], temperature=args.temp, dtype=args.dtype, threads=args.threads, warmup=args.warmup,
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
-            tree=tree_from_args(args),
+            tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
+            backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
         )
+        if args.target_core is not None:
+            import os
+
+            os.sched_setaffinity(0, {args.target_core})
         runs = run_benchmarks(base, args.mode, batches, prompts, None if sweep and sweep[0] == "batch" else sweep)
     command = "ssd " + " ".join(sys.argv[sys.argv.index("bench"):]) if "bench" in sys.argv else None
     for r in runs:
@@ -110,7 +120,7 @@ def _run_against(args: argparse.Namespace, prompts: list) -> list[dict]:
 
     from bench.against import AgainstSettings, render_texts, run_against
 
-    modes = [m for m in args.mode if m in ("ar", "sd")] or [None]
+    modes = [m for m in args.mode if m in ("ar", "sd", "ssd")] or [None]
     runs = []
     for name, group in by_dataset(prompts).items():
         texts = render_texts(args.model, group)
@@ -125,11 +135,12 @@ def print_table(runs: list[dict], out) -> None:  # type: ignore[no-untyped-def]
     """One row per run; `vs first` divides by the first run of the same data set."""
     firsts: dict[str, float] = {}
     print(f"{'mode':16} {'dataset':10} {'batch':>5} {'decode tok/s':>13} {'vs first':>9} {'TTFT ms':>8} "
-          f"{'tok/round':>9} {'outputs hash':>16}", file=out)
+          f"{'tok/round':>9} {'hit rate':>8} {'outputs hash':>16}", file=out)
     for r in runs:
         tpr = f"{r['tokens_per_round']:9.2f}" if r.get("tokens_per_round") else f"{'-':>9}"
         mode = r["mode"] + "".join(f" {k}={v}" for k, v in (r.get("sweep") or {}).items())
         first = firsts.setdefault(r["dataset"], r["decode_tok_s"] or 1.0)
         digest = r.get("outputs_sha256") or "text:" + r["outputs_text_sha256"]
+        hits = f"{r['cache_hit_rate']:8.2f}" if r.get("cache_hit_rate") is not None else f"{'-':>8}"
         print(f"{mode:16} {r['dataset']:10} {r['batch']:5d} {r['decode_tok_s']:13.1f} "
-              f"{r['decode_tok_s'] / first:8.2f}x {1000 * r['ttft_s']:8.0f} {tpr} {digest[:16]:>16}", file=out)
+              f"{r['decode_tok_s'] / first:8.2f}x {1000 * r['ttft_s']:8.0f} {tpr} {hits} {digest[:16]:>16}", file=out)

@@ -19,10 +19,10 @@ from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
+from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig
-from ssd.spec.metrics import SpecCounters
+from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.proposer import TreeShape
 
 Runner = Callable[[list[list[int]]], GroupTiming]
@@ -43,6 +43,11 @@ class BenchSettings:
     k: int = 4  # lookahead
     tree: TreeShape | None = None
     draft_temperature: float | None = None
+    fan_out_budget: int = 8  # ssd: bonus-token guesses per sequence and round
+    fan_out: str = "geometric"  # ssd: fan-out shape
+    backup: str = "auto"  # ssd: backup on a miss
+    saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
+    draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
 
 
 def render_prompts(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
@@ -65,19 +70,45 @@ def _speculation(s: BenchSettings) -> SpeculationConfig:
                              k_schedule=((max(s.batch, 1), s.k),))
 
 
-def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams) -> tuple[Runner, LLM | None]:
+def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM]:
+    """The target engine here, its draft service in its own process (pinned to `draft_core`), SSD over gRPC."""
+    from bench.draft_process import DraftProcess
+    from target_service.remote_proposer import RemoteProposer
+
+    if not s.draft or s.draft == "ngram":
+        raise InvalidRequestError("--mode ssd needs a neural --draft (a draft model or an EAGLE-3 head)")
+    draft = DraftProcess(s.draft, s.model, s.dtype, s.draft_core)
+    closers.append(draft.close)
+    ssd = SsdConfig(fan_out_budget=s.fan_out_budget, fan_out=s.fan_out, backup=s.backup, saguaro_c=s.saguaro_c)
+    proposer = RemoteProposer(draft.address, "bench", ar.engine.info.vocab_size, timeout_s=30.0,
+                              feature_layers=tuple(draft.info.feature_layers), ssd_options=ssd)
+    closers.append(proposer.close)
+    deadline = time.monotonic() + 30
+    while not proposer.is_connected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not proposer.is_connected:
+        raise InvalidRequestError(f"could not open a session with the draft service (log: {draft.log_path})")
+    spec = SpeculationConfig(draft=s.draft, num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
+    llm = LLM(s.model, proposer=proposer, speculation=spec, dtype=s.dtype, num_threads=s.threads,
+              max_num_seqs=s.batch)
+    return _engine_runner(llm, replace(params, ssd=True)), llm
+
+
+def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
     opts = dict(dtype=s.dtype, num_threads=s.threads, max_num_seqs=s.batch)
     if s.mode == "ar":
         return _engine_runner(ar, params), ar
     if s.mode == "sd":
         llm = LLM(s.model, speculation=_speculation(s), **opts)
         return _engine_runner(llm, params), llm
+    if s.mode == "ssd":
+        return _ssd_runner(s, ar, params, closers)
     hf = HFGenerator(ar.engine.info.model_path, s.dtype, assistant=s.draft if s.mode == "hf-assisted" else None,
                      num_assistant_tokens=s.k)
     return (lambda group: hf.generate(group, s.output_len, s.temperature)), None
 
 
-SPECULATIVE_MODES = ("sd", "hf-assisted")  # the modes a --sweep over speculation settings applies to
+SPECULATIVE_MODES = ("sd", "ssd", "hf-assisted")  # the modes a --sweep over speculation settings applies to
 
 
 def by_dataset(prompts: list[Prompt]) -> dict[str, list[Prompt]]:
@@ -106,15 +137,20 @@ def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], pr
         for batch in batches:
             for value in values:
                 settings = replace(base, mode=mode, batch=batch, **({sweep[0]: value} if value is not None else {}))
-                run, llm = _build_runner(settings, ar, params)
-                for dataset, group in encoded.items():
-                    result = _run_one(replace(settings, dataset=dataset), run, llm, group)
-                    outputs = result.pop("_outputs")
-                    result["outputs_text_sha256"] = texts_sha256([ar.decode(ids) for ids in outputs])
-                    result.update(agreement(outputs, first_outputs.setdefault(dataset, outputs)))
-                    if value is not None:
-                        result["sweep"] = {sweep[0]: value}
-                    results.append(result)
+                closers: list = []
+                try:
+                    run, llm = _build_runner(settings, ar, params, closers)
+                    for dataset, group in encoded.items():
+                        result = _run_one(replace(settings, dataset=dataset), run, llm, group)
+                        outputs = result.pop("_outputs")
+                        result["outputs_text_sha256"] = texts_sha256([ar.decode(ids) for ids in outputs])
+                        result.update(agreement(outputs, first_outputs.setdefault(dataset, outputs)))
+                        if value is not None:
+                            result["sweep"] = {sweep[0]: value}
+                        results.append(result)
+                finally:
+                    for close in reversed(closers):
+                        close()
     return results
 
 
@@ -146,23 +182,46 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
             "mean_matching_prefix_vs_first": sum(prefix) / len(prefix)}
 
 
-def _counters(llm: LLM | None) -> SpecCounters | None:
+def _counters(llm: LLM | None) -> dict | None:
+    """A snapshot of the engine's speculation counters and, for a remote draft, its SSD timings."""
     if llm is None or llm.engine.spec is None:
         return None
-    c = llm.engine.spec.counters
-    return SpecCounters(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_emitted_tokens)
+    snap = {k: v for k, v in asdict(llm.engine.spec.counters).items() if isinstance(v, int | float)}
+    timings = getattr(llm.engine.spec.proposer, "draft_timings", None)  # RemoteProposer: the draft's own
+    if timings is not None:
+        snap.update({f"draft_{k}": v for k, v in asdict(timings).items() if isinstance(v, int | float)})
+    return snap
 
 
-def _delta(before: SpecCounters | None, after: SpecCounters | None) -> SpecCounters | None:
+def _delta(before: dict | None, after: dict | None) -> dict | None:
     if before is None or after is None:
         return None
-    return SpecCounters(after.num_drafts - before.num_drafts, after.num_draft_tokens - before.num_draft_tokens,
-                        after.num_accepted_tokens - before.num_accepted_tokens,
-                        after.num_emitted_tokens - before.num_emitted_tokens)
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def spec_summary(d: dict | None) -> dict:
+    """Acceptance, cache and per-round timing numbers from a counter delta (see _counters)."""
+    if not d or not d.get("num_drafts"):
+        return {"tokens_per_round": None, "accept_rate": None}
+    div = lambda a, b: a / b if b else None  # noqa: E731
+    out = {"tokens_per_round": d["num_emitted_tokens"] / d["num_drafts"],
+           "accept_rate": div(d["num_accepted_tokens"], d["num_draft_tokens"]),
+           "verify_ms_per_round": div(1e3 * d["verify_s"], d["num_rounds"]),
+           "propose_ms_per_round": div(1e3 * d["propose_s"], d["num_rounds"])}  # ssd: the lookup round trip
+    lookups = d["num_cache_hits"] + d["num_cache_misses"]
+    if lookups:
+        out.update(cache_hit_rate=d["num_cache_hits"] / lookups,
+                   tokens_per_round_hit=div(d["emitted_after_hit"], d["num_cache_hits"]),
+                   tokens_per_round_miss=div(d["emitted_after_miss"], d["num_cache_misses"]),
+                   predicted_hit_rate=div(d["predicted_hit_sum"], d["num_predicted"]))
+    for key in ("lookup_ms", "backup_ms", "last_build_ms", "build_wait_ms"):  # the draft's, per answer
+        if f"draft_{key}" in d and d.get("draft_num_answers"):
+            out[f"draft_{key.replace('last_', '')}_per_round"] = d[f"draft_{key}"] / d["draft_num_answers"]
+    return out
 
 
 def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTiming],
-              spec: SpecCounters | None = None) -> dict:
+              spec: dict | None = None) -> dict:
     outputs = [ids for t in timings for ids in t.token_ids]
     num_out = sum(len(ids) for ids in outputs)
     decode_tokens = num_out - len(outputs)  # each sequence's first token belongs to prefill
@@ -179,8 +238,7 @@ def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTim
         "ttft_s": sum(t.prefill_s for t in timings) / len(timings),
         "total_tok_s": num_out / total_s if total_s > 0 else 0.0,
         "total_s": total_s,
-        "tokens_per_round": spec.tokens_per_round if spec else None,
-        "accept_rate": spec.accept_rate if spec else None,
+        **spec_summary(spec),
         "outputs_sha256": hashlib.sha256(json.dumps(outputs).encode()).hexdigest(),
         "date": time.strftime("%Y-%m-%d"),
     }

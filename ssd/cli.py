@@ -21,7 +21,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
-    spec = speculation_from_args(args) if args.mode == "sd" else None
+    spec = speculation_from_args(args, is_ssd=args.mode == "ssd") if args.mode in ("sd", "ssd") else None
     llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--mode", default="ar", choices=["ar", "sd"], help="ar: plain decoding; sd: speculative")
+    g.add_argument("--mode", default="ar", choices=["ar", "sd", "ssd"],
+                   help="ar: plain decoding; sd: speculative; ssd: speculative speculative (in one process here: "
+                        "answer + cache build in turn, for checking; `ssd serve` / `ssd bench` overlap them)")
     add_speculation_flags(g)
     g.set_defaults(func=_cmd_generate)
 

@@ -2,7 +2,8 @@
 
 import argparse
 
-from ssd.spec.config import SpeculationConfig
+from ssd.spec.config import BACKUP_KINDS, SpeculationConfig, SsdConfig
+from ssd.spec.fanout import FAN_OUT_KINDS
 from ssd.spec.proposer import TreeShape
 
 
@@ -13,13 +14,28 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=int, default=16, help="draft nodes per tree")
     p.add_argument("--tree-topk", type=int, default=2, help="children tried per expanded tree node")
     p.add_argument("--dtemp", type=float, default=None, help="draft sampling temperature (default: the target's)")
+    g = p.add_argument_group("ssd (speculative speculative decoding)")
+    g.add_argument("--f", type=int, default=SsdConfig.fan_out_budget, dest="fan_out_budget",
+                   help="bonus-token guesses the draft prepares per sequence and round (fan-out budget)")
+    g.add_argument("--fan-out", default=SsdConfig.fan_out, choices=FAN_OUT_KINDS,
+                   help="fan-out shape over acceptance lengths: geometric (from measured acceptance) or uniform")
+    g.add_argument("--backup", default=SsdConfig.backup, choices=BACKUP_KINDS,
+                   help="on a cache miss: neural (draft now), fast (n-gram lookup), auto (by batch size)")
+    g.add_argument("--saguaro-c", type=float, default=SsdConfig.saguaro_c,
+                   help="Saguaro sampling: scale the draft's top-F probabilities by C in (0, 1] (1 = off)")
 
 
 def tree_from_args(args: argparse.Namespace) -> TreeShape | None:
     return TreeShape(budget=args.tree_budget, depth=args.k, top_k=args.tree_topk) if args.tree else None
 
 
-def speculation_from_args(args: argparse.Namespace, max_batch: int | None = None) -> SpeculationConfig:
+def ssd_from_args(args: argparse.Namespace) -> SsdConfig:
+    return SsdConfig(fan_out_budget=args.fan_out_budget, fan_out=args.fan_out, backup=args.backup,
+                     saguaro_c=args.saguaro_c)
+
+
+def speculation_from_args(args: argparse.Namespace, max_batch: int | None = None,
+                          is_ssd: bool = False) -> SpeculationConfig:
     schedule = ((max_batch, args.k),) if max_batch else None
     return SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, tree=tree_from_args(args),
-                             k_schedule=schedule)
+                             k_schedule=schedule, ssd=ssd_from_args(args) if is_ssd else None)

@@ -13,6 +13,7 @@ from ssd.engine.sequence import FinishReason
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
 from ssd.sampling.params import SamplingParams
+from ssd.spec.proposer import Proposer
 from ssd.tokenizer import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]
@@ -40,8 +41,9 @@ class StreamDelta:
 
 
 class LLM:
-    def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
+    def __init__(self, model: str = DEFAULT_MODEL, proposer: Proposer | None = None, **engine_options: Any) -> None:
+        """`proposer` replaces the one the speculation config would build (e.g. a remote draft service)."""
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_options), proposer)
         self.tokenizer = self.engine.tokenizer
 
     def _require_tokenizer(self) -> Tokenizer:

@@ -5,6 +5,8 @@ sample the bonus token exactly (ssd/spec/verification.py), keep only the accepte
 hand the proposer what it needs for the next round (committed length, target features).
 """
 
+import time
+
 import torch
 
 from ssd.context import ForwardMode
@@ -70,13 +72,16 @@ class SpeculativeDecoder:
 
     def run_round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
         """Accepted tokens + bonus token per sequence (before stop / length truncation)."""
+        started = time.perf_counter()
         asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
                             strict=True)) if asking else {}
         specs = [proposed.get(s.seq_id, Speculation([])) for s in seqs]
         items = [self._item(s, spec) for s, spec in zip(seqs, specs, strict=True)]
         mode = ForwardMode.TREE if self.config.tree is not None else ForwardMode.VERIFY
+        proposed_at = time.perf_counter()
         out = self.runner.forward(items, mode, self.feature_layers)
+        self.counters.record_round_time(proposed_at - started, time.perf_counter() - proposed_at)
         results, offset = [], 0
         for seq, spec, item in zip(seqs, specs, items, strict=True):
             n = len(item.token_ids)

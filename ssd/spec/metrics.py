@@ -18,6 +18,15 @@ class SpecCounters:
     predicted_hit_sum: float = 0.0  # the draft's predicted hit probabilities of these lookups
     num_predicted: int = 0
     num_predicted_hits: int = 0  # actual hits among the lookups that had a prediction
+    # engine-wide round timings (batch rounds, not per sequence): proposing (draft / lookup) vs the verify forward
+    num_rounds: int = 0
+    propose_s: float = 0.0
+    verify_s: float = 0.0
+
+    def record_round_time(self, propose_s: float, verify_s: float) -> None:
+        self.num_rounds += 1
+        self.propose_s += propose_s
+        self.verify_s += verify_s
 
     def record(self, num_proposed: int, num_accepted: int, num_emitted: int, cache_hit: bool | None = None,
                predicted_hit: float | None = None) -> None:

@@ -1,0 +1,63 @@
+"""A draft service in its own process for `ssd bench --mode ssd`, as deployed: its own core on CPU.
+
+Started with the bench's draft, model and dtype on a free localhost port, pinned to `core` (one torch
+thread), waited for until it answers GetInfo, and stopped (SIGTERM, then SIGKILL) when the bench is done.
+Its logs go to a file next to nothing else: `log_path`.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
+from ssd.errors import InvalidRequestError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DraftProcess:
+    def __init__(self, draft: str, target_model: str, dtype: str, core: int | None,
+                 startup_timeout_s: float = 120.0) -> None:
+        self.address = f"127.0.0.1:{_free_port()}"
+        self.log_path = Path(tempfile.mkstemp(prefix="ssd-bench-draft-", suffix=".log")[1])
+        cmd = [sys.executable, "-m", "draft_service", "--draft", draft, "--target-model", target_model,
+               "--dtype", dtype, "--threads", "1", "--address", self.address, "--log-level", "warning",
+               "--log-text"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+        with self.log_path.open("w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
+        self.info = self._wait(startup_timeout_s)
+
+    def _wait(self, timeout_s: float) -> draft_pb2.DraftInfo:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise InvalidRequestError(f"the draft service exited ({self.proc.returncode}): "
+                                          f"{self.log_path.read_text()[-2000:]}")
+            try:
+                with grpc.insecure_channel(self.address) as ch:
+                    return draft_pb2_grpc.SpeculatorStub(ch).GetInfo(draft_pb2.DraftInfoRequest(), timeout=2)
+            except grpc.RpcError:
+                time.sleep(0.3)
+        self.close()
+        raise InvalidRequestError(f"the draft service did not come up within {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
