@@ -29,8 +29,11 @@ install: $(STAMP) $(STUBS)
 model: install
 	$(BIN)/ssd models pull $(MODEL)
 
+# DRAFT: the demo's draft (a draft checkpoint or an EAGLE-3 head also runs ssd mode); default n-gram lookup
+DRAFT  ?= ngram
+
 demo: model
-	$(BIN)/python -m deploy.demo
+	$(BIN)/python -m deploy.demo --draft $(DRAFT)
 
 demo-engine: model
 	$(BIN)/ssd generate --chat --max-tokens 96 \

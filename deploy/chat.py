@@ -19,7 +19,7 @@ class ChatConfig:
     url: str  # gateway base URL, e.g. http://127.0.0.1:8000
     api_key: str
     model: str | None  # None = the gateway's first served model
-    mode: str | None  # "ar" | "sd"; None = the server default
+    mode: str | None  # "ar" | "sd" | "ssd"; None = the server default
     max_tokens: int
     temperature: float
     system: str | None
@@ -34,6 +34,7 @@ class AnswerMetrics:
     tokens_per_round: float | None  # mean accepted length: tokens emitted per verification round (sd)
     accept_rate: float | None  # accepted draft tokens / proposed
     prefix_cache_hit: float | None  # prompt tokens served by the target's prefix cache
+    cache_hit_rate: float | None = None  # ssd: rounds whose speculation came from the draft's cache
 
     def line(self) -> str:
         parts = [f"{self.num_tokens} tokens", f"{self.decode_tok_s:.1f} tok/s", f"TTFT {1000 * self.ttft_s:.0f} ms"]
@@ -41,6 +42,8 @@ class AnswerMetrics:
             parts.append(f"mean accepted length {self.tokens_per_round:.2f}")
         if self.accept_rate is not None:
             parts.append(f"accept rate {100 * self.accept_rate:.0f}%")
+        if self.cache_hit_rate is not None:
+            parts.append(f"speculation cache hit {100 * self.cache_hit_rate:.0f}%")
         if self.prefix_cache_hit is not None:
             parts.append(f"prefix cache hit {100 * self.prefix_cache_hit:.0f}%")
         return "[" + ", ".join(parts) + "]"
@@ -55,12 +58,14 @@ def _metrics(usage: dict | None, num_chunks: int, start: float, first: float | N
     num_drafts = spec.get("num_drafts") or 0
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     prompt_tokens = usage.get("prompt_tokens") or 0
+    lookups = (spec.get("num_cache_hits") or 0) + (spec.get("num_cache_misses") or 0)
     return AnswerMetrics(
         num_tokens=num_tokens, ttft_s=first - start,
         decode_tok_s=(num_tokens - 1) / decode_s if num_tokens > 1 and decode_s > 0 else 0.0,
         tokens_per_round=num_tokens / num_drafts if num_drafts else None,
         accept_rate=spec["num_accepted_tokens"] / spec["num_draft_tokens"] if spec.get("num_draft_tokens") else None,
-        prefix_cache_hit=cached / prompt_tokens if cached is not None and prompt_tokens else None)
+        prefix_cache_hit=cached / prompt_tokens if cached is not None and prompt_tokens else None,
+        cache_hit_rate=spec["num_cache_hits"] / lookups if lookups else None)
 
 
 class ChatSession:
@@ -134,13 +139,15 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
     p.add_argument("--api-key", default=None, help="bearer key (default: $SSD_API_KEY, else none)")
     p.add_argument("--model", default=None, help="model name (default: the gateway's)")
-    p.add_argument("--mode", default=None, choices=["ar", "sd"], help="decoding mode (default: the server's)")
+    p.add_argument("--mode", default=None, choices=["ar", "sd", "ssd"], help="decoding mode (default: the server's)")
     p.add_argument("--metrics", action="store_true", help="print tokens, tok/s, TTFT, accepted length per answer")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--system", default=None, help="a system message opening the conversation")
     p.add_argument("--local", action="store_true", help="start a local stack (draft, target, gateway) first")
     p.add_argument("--local-model", default="smollm2-135m-instruct", help="target model of the --local stack")
+    p.add_argument("--local-draft", default="ngram",
+                   help="draft of the --local stack: 'ngram', a draft checkpoint or an EAGLE-3 head (ssd needs one)")
     p.set_defaults(func=main)
 
 
@@ -153,8 +160,8 @@ def main(args: argparse.Namespace) -> int:
         log_dir = Path("out/chat-logs")
         log_dir.mkdir(parents=True, exist_ok=True)
         print(f"starting a local stack (logs in {log_dir}/) ...")
-        stack = start_stack(StackConfig(model=args.local_model, http_port=free_port(), grpc_port=free_port(),
-                                        log_dir=log_dir))
+        stack = start_stack(StackConfig(model=args.local_model, draft=args.local_draft, http_port=free_port(),
+                                        grpc_port=free_port(), log_dir=log_dir))
         url = stack.url
     try:
         config = ChatConfig(url=url, api_key=args.api_key or os.environ.get("SSD_API_KEY", "none"),

@@ -17,7 +17,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
     s.add_argument("--k", type=int, default=4, help="lookahead K")
-    s.add_argument("--default-mode", default="sd", choices=["ar", "sd"])
+    s.add_argument("--default-mode", default="sd", choices=["ar", "sd", "ssd"],
+                   help="mode of requests that name none (ssd: the draft answers from its speculation cache; "
+                        "needs a neural --draft, an n-gram draft serves it as sd)")
     s.add_argument("--api-key", default=None, help="require this bearer key (default: auth off, local only)")
     s.add_argument("--log-dir", type=Path, default=None, help="write each service's log there")
     s.set_defaults(func=run_serve)

@@ -1,6 +1,10 @@
 """`make demo`: start the stack, send real prompts through the official openai client (streaming and not)
-in ar and sd modes, print the answers and tokens/s per mode, and shut the stack down."""
+in ar, sd and (with a neural draft) ssd modes, print the answers and tokens/s per mode, and shut the stack down.
 
+`make demo DRAFT=<draft checkpoint or EAGLE-3 head>` picks the draft (default: n-gram lookup, ar and sd only).
+"""
+
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -22,18 +26,27 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
-def main() -> int:
+def modes_for(draft: str) -> tuple[str, ...]:
+    """SSD needs a neural draft (its speculation cache is built by a model); n-gram lookup serves ar and sd."""
+    return ("ar", "sd") if draft == "ngram" else ("ar", "sd", "ssd")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.demo", description=__doc__)
+    p.add_argument("--draft", default="ngram", help="'ngram', a draft checkpoint or an EAGLE-3 head folder")
+    args = p.parse_args(argv)
     log_dir = Path("out/demo-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = StackConfig(model="smollm2-135m-instruct", draft="ngram", dtype="bfloat16",
+    config = StackConfig(model="smollm2-135m-instruct", draft=args.draft, dtype="bfloat16",
                          http_port=free_port(), grpc_port=free_port(), log_dir=log_dir)
-    _print(f"starting draft, target and gateway (logs in {log_dir}/) ...\n")
+    modes = modes_for(args.draft)
+    _print(f"starting draft ({args.draft}), target and gateway (logs in {log_dir}/); modes {', '.join(modes)} ...\n")
     stack = start_stack(config)
     try:
         client = OpenAI(base_url=stack.url + "/v1", api_key="local")
-        rates: dict[str, list[float]] = {"ar": [], "sd": []}
+        rates: dict[str, list[float]] = {mode: [] for mode in modes}
         for i, prompt in enumerate(PROMPTS):
-            for mode in ("ar", "sd"):
+            for mode in modes:
                 stream = i % 2 == 0
                 _print(f"\n--- [{mode}, {'streaming' if stream else 'not streaming'}] {prompt}\n")
                 start = time.perf_counter()

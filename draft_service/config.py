@@ -2,9 +2,12 @@
 
 import argparse
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ssd.errors import InvalidRequestError
+from ssd.spec.config import BACKUP_KINDS, SsdConfig
+from ssd.spec.fanout import FAN_OUT_KINDS
 
 
 @dataclass(frozen=True)
@@ -16,7 +19,8 @@ class DraftServiceConfig:
     num_threads: int = 1  # torch intra-op threads
     kv_cache_memory_mb: int = 256  # the draft's own KV budget
     block_size: int = 16  # tokens per draft KV block
-    ngram_max: int = 3  # n-gram proposer: longest tail matched
+    ngram_max: int = 3  # n-gram proposer: longest tail matched (also the SSD fast backup)
+    ssd: SsdConfig = field(default_factory=SsdConfig)  # SSD defaults (a neural draft); a Round's SsdOptions override
     grace_s: float = 5.0  # drain time on SIGTERM
     log_level: str = "info"
     log_json: bool = True
@@ -24,6 +28,8 @@ class DraftServiceConfig:
     def __post_init__(self) -> None:
         if self.num_threads < 1 or self.kv_cache_memory_mb < 1 or self.block_size < 1:
             raise InvalidRequestError("threads, KV memory and block size must be >= 1")
+        if self.ssd.backup_max_neural_batch < 0:
+            raise InvalidRequestError(f"backup max neural batch must be >= 0, got {self.ssd.backup_max_neural_batch}")
 
 
 def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
@@ -36,9 +42,31 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--dtype", default=env.get("SSD_DRAFT_DTYPE", "float32"), choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))
+    add_ssd_flags(p, env)
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
-    return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
-                              num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, log_level=a.log_level,
-                              log_json=not a.log_text)
+    try:
+        ssd = SsdConfig(fan_out_budget=a.fan_out_budget, fan_out=a.fan_out, backup=a.backup,
+                        backup_max_neural_batch=a.backup_max_neural_batch, saguaro_c=a.saguaro_c)
+        return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
+                                  num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
+                                  log_level=a.log_level, log_json=not a.log_text)
+    except InvalidRequestError as e:
+        p.error(str(e))  # exits 2 with the usage line
+
+
+def add_ssd_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """SSD defaults of a neural draft (SSD.md section 5); a target's Round.ssd overrides them per round."""
+    g = p.add_argument_group("SSD (neural drafts; sequences whose Prefill asks for ssd)")
+    g.add_argument("--fan-out-budget", type=int, default=int(env.get("SSD_DRAFT_FAN_OUT_BUDGET", "8")),
+                   help="bonus-token guesses prepared per sequence and round (sum of the fan-out shape)")
+    g.add_argument("--fan-out", default=env.get("SSD_DRAFT_FAN_OUT", "geometric"), choices=FAN_OUT_KINDS,
+                   help="fan-out shape: geometric (from the measured acceptance) or uniform")
+    g.add_argument("--backup", default=env.get("SSD_DRAFT_BACKUP", "auto"), choices=BACKUP_KINDS,
+                   help="on a cache miss: neural (draft now), fast (n-gram lookup), auto (by batch size)")
+    g.add_argument("--backup-max-neural-batch", type=int,
+                   default=int(env.get("SSD_DRAFT_BACKUP_MAX_NEURAL_BATCH", "4")),
+                   help="auto backup: neural up to this batch size, fast above")
+    g.add_argument("--saguaro-c", type=float, default=float(env.get("SSD_DRAFT_SAGUARO_C", "1.0")),
+                   help="Saguaro sampling constant C in (0, 1]; 1 = plain sampling")

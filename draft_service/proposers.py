@@ -2,9 +2,10 @@
 
 An EAGLE-3 head drafts from its target's features (sent by the target over the session) and its
 target's input embedding, which the draft loads once from the target checkpoint (`--target-model`).
+A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers `ssd` sequences.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -17,9 +18,10 @@ from ssd.loader.safetensors_loader import checkpoint_files
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
 from ssd.spec.draft_model import DraftModelProposer
-from ssd.spec.factory import is_eagle3_folder
+from ssd.spec.factory import branch_drafter_for, is_eagle3_folder
 from ssd.spec.ngram import NgramProposer
 from ssd.spec.proposer import Proposer
+from ssd.spec.ssd_speculator import SsdSpeculator
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +35,7 @@ class ServiceDraft:
     proposer: Proposer
     vocab_size: int  # 0 = any vocabulary (n-gram)
     feature_width: int = 0  # F of the target features [n, F] the proposer drafts from; 0 = needs none
+    ssd: SsdSpeculator | None = None  # wraps `proposer` for SSD sequences (neural drafts); None = plain SD only
 
 
 def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
@@ -40,10 +43,15 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
         return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
     path = resolve_model(config.draft)
     if is_eagle3_folder(path):
-        return build_eagle3(path, config)
-    vocab = load_model_config(path).vocab_size
-    return ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
-                                           kv_cache_memory_mb=config.kv_cache_memory_mb), vocab)
+        draft = build_eagle3(path, config)
+    else:
+        vocab = load_model_config(path).vocab_size
+        draft = ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
+                                                kv_cache_memory_mb=config.kv_cache_memory_mb), vocab)
+    ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
+    log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
+             backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
+    return replace(draft, ssd=ssd)
 
 
 def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:

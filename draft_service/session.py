@@ -4,18 +4,26 @@ Target sequence ids are scoped to the session; the shared proposer sees service-
 several targets can use one draft (and one draft KV pool) at once. A proposer that drafts from
 target features (EAGLE-3) only sees a sequence whose features cover every committed position
 without a gap (e.g. not one re-sent after a reconnect): the others get empty speculations.
+
+SSD: a sequence whose Prefill asks for `ssd` (on a neural draft) is answered by the SsdSpeculator
+from its speculation cache; `answer` returns the cache build to run after the answer is sent
+(`build`, queued by the servicer). Other sequences, and every one on an n-gram draft, get plain SD.
 """
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import structlog
 import torch
 
+from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
+from ssd.errors import InvalidRequestError
 from ssd.spec.proposer import Proposer, ProposeRequest, TreeShape
 from ssd.spec.speculation import Speculation
+from ssd.spec.ssd_speculator import BuildJob, SsdSpeculator
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +38,7 @@ class DraftSequence:
     generator: torch.Generator  # the draft's random stream for this sequence
     num_features: int = 0  # positions 0.. whose target features arrived, without a gap
     pending: tuple[int, torch.Tensor] | None = None  # (first position, [n, F]) not yet given to the proposer
+    is_ssd: bool = False  # answered from the SSD speculation cache (its Prefill asked, and the draft is neural)
 
     def add_features(self, start: int, features: torch.Tensor) -> None:
         """Queue features of positions start..; a gap after the covered positions is never filled."""
@@ -61,13 +70,29 @@ def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors
     return features.view(torch.bfloat16) if tensor.dtype == "bfloat16" else features
 
 
+@dataclass
+class RoundResult:
+    speculations: draft_pb2.Speculations  # the answer, to send at once
+    build: BuildJob | None = None  # SSD: the cache build to run after the answer is sent (`Session.build`)
+
+
 class Session:
-    def __init__(self, proposer: Proposer, target_id: str, feature_width: int = 0) -> None:
+    """`ssd` wraps `proposer` (the same neural draft) for SSD sequences; None = the draft serves plain SD only."""
+
+    def __init__(self, proposer: Proposer, target_id: str, feature_width: int = 0,
+                 ssd: SsdSpeculator | None = None) -> None:
         self.proposer = proposer
+        self.ssd = ssd
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
         self.seqs: dict[int, DraftSequence] = {}  # target seq id -> state
         self.tensors = SessionTensors()  # inline, or shared memory once Hello / Ready agreed on it
+        self.last_build_s = 0.0  # this session's previous SSD cache build
+        self._said_no_ssd = False  # an ssd Prefill on a draft without SSD is logged once per session
+
+    def _proposer_of(self, seq: DraftSequence) -> Proposer:
+        """The SsdSpeculator for SSD sequences (it delegates commit / release to the neural draft)."""
+        return self.ssd if seq.is_ssd and self.ssd is not None else self.proposer
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
@@ -76,9 +101,13 @@ class Session:
     def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
         old = self.seqs.pop(p.seq_id, None)
         if old is not None:
-            self.proposer.release(old.internal_id)
+            self._proposer_of(old).release(old.internal_id)
         seq = DraftSequence(next(_internal_ids), list(p.token_ids), p.temperature,
-                            torch.Generator().manual_seed(p.seed))
+                            torch.Generator().manual_seed(p.seed), is_ssd=p.ssd and self.ssd is not None)
+        if p.ssd and self.ssd is None and not self._said_no_ssd:
+            self._said_no_ssd = True
+            log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
+                     target=self.target_id, seq_id=p.seq_id)
         self._features(seq, p)
         self.seqs[p.seq_id] = seq
         if self.feature_width and not seq.has_features:
@@ -98,7 +127,7 @@ class Session:
         seq.token_ids.extend(o.new_token_ids)
         seq.num_features = min(seq.num_features, o.num_committed_before)  # features past it were of dropped tokens
         self._features(seq, o)
-        self.proposer.commit(seq.internal_id, len(seq.token_ids))
+        self._proposer_of(seq).commit(seq.internal_id, len(seq.token_ids))
         return seq
 
     def _apply(self, round_: draft_pb2.Round, out: draft_pb2.Speculations) -> list[tuple[int, DraftSequence]]:
@@ -123,37 +152,80 @@ class Session:
         return ready
 
     def run_round(self, round_: draft_pb2.Round) -> draft_pb2.Speculations:
-        """Apply prefills and outcomes, propose for every sequence that is valid. Runs in the draft's worker thread."""
+        """`answer`, then its SSD build at once (no overlap: for tests and in-process use)."""
+        result = self.answer(round_)
+        if result.build is not None:
+            self.build(result.build)
+        return result.speculations
+
+    def answer(self, round_: draft_pb2.Round, wait_s: float = 0.0) -> RoundResult:
+        """Apply prefills and outcomes, answer every sequence that is valid (SSD ones from the cache) and return
+        the SSD build to run next. Runs in the draft's worker thread; `wait_s`: how long it queued for it."""
         out = draft_pb2.Speculations()
         ready = self._apply(round_, out)
         k = round_.num_speculative_tokens
         if not ready or k < 1:
-            return out
+            return RoundResult(out)
         tree = None
         if round_.HasField("tree"):
             tree = TreeShape(budget=round_.tree.budget, depth=round_.tree.depth, top_k=round_.tree.top_k)
-        asking = []
+        specs: dict[int, Speculation] = {}  # target seq id -> its answer
+        plain, ssd = [], []
         for seq_id, seq in ready:
             if self.feature_width and not seq.has_features:
-                out.items.add(seq_id=seq_id)  # empty: the target takes a plain decode step
+                specs[seq_id] = Speculation([])  # empty: the target takes a plain decode step
             else:
-                asking.append((seq_id, seq))
-        specs = self.proposer.propose([self._request(seq, k, tree) for _, seq in asking]) if asking else []
-        self.tensors.start_message(sum(s.q.numel() * 4 for s in specs if s.q is not None))  # q goes as float32
-        for (seq_id, _), spec in zip(asking, specs, strict=True):
+                (ssd if seq.is_ssd else plain).append((seq_id, seq))
+        if plain:
+            proposed = self.proposer.propose([self._request(seq, k, tree) for _, seq in plain])
+            specs.update(zip((seq_id for seq_id, _ in plain), proposed, strict=True))
+        job = self._answer_ssd(round_.ssd, ssd, k, specs, out, wait_s) if ssd else None
+        answered = [(seq_id, specs[seq_id]) for seq_id, _ in ready if seq_id in specs]
+        self.tensors.start_message(sum(s.q.numel() * 4 for _, s in answered if s.q is not None))  # q as float32
+        for seq_id, spec in answered:
             out.items.append(to_message(seq_id, spec, self.tensors))
-        return out
+        return RoundResult(out, job)
+
+    def _answer_ssd(self, options: draft_pb2.SsdOptions, asking: list[tuple[int, DraftSequence]], k: int,
+                    specs: dict[int, Speculation], out: draft_pb2.Speculations, wait_s: float) -> BuildJob | None:
+        """SSD sequences' answers (cache hits, or backups for the misses) into `specs`; the build to run next.
+        Bad options are an INVALID_ARGUMENT error for each of these sequences (the session goes on)."""
+        assert self.ssd is not None  # only sequences marked is_ssd get here
+        try:
+            config = round_config(self.ssd.config, options)
+        except InvalidRequestError as e:
+            for seq_id, _ in asking:
+                out.errors.add(seq_id=seq_id, code="INVALID_ARGUMENT", message=f"SSD options: {e}")
+            return None
+        requests = [self._request(seq, k, None) for _, seq in asking]  # SSD speculates chains
+        answers, job = self.ssd.answer(requests, config)
+        specs.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
+        out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
+        return job
+
+    def build(self, job: BuildJob) -> None:
+        """Build the speculation caches for an answer already sent (worker thread). A failure is logged and
+        leaves those caches empty: the next lookups miss and get a backup; the session goes on."""
+        assert self.ssd is not None  # only `_answer_ssd` makes jobs
+        started = time.perf_counter()
+        try:
+            self.ssd.build(job)
+        except Exception:  # noqa: BLE001 - any model failure: log it, the next round falls back to a backup
+            log.exception("SSD cache build failed; the next lookups of these sequences miss",
+                          target=self.target_id, num_sequences=len(job.pending))
+        finally:
+            self.last_build_s = time.perf_counter() - started
 
     def _request(self, seq: DraftSequence, k: int, tree: TreeShape | None) -> ProposeRequest:
         features_start, features = seq.take_features()  # [n, F] or None
         return ProposeRequest(seq.internal_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
-                              features, features_start)
+                              features, features_start, ssd=seq.is_ssd)
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             seq = self.seqs.pop(seq_id, None)
             if seq is not None:
-                self.proposer.release(seq.internal_id)
+                self._proposer_of(seq).release(seq.internal_id)
 
     def close(self) -> None:
         self.release(list(self.seqs))
@@ -161,7 +233,10 @@ class Session:
 
 
 def to_message(seq_id: int, spec: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:
-    msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=spec.tokens, parents=spec.parents or [])
+    msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=spec.tokens, parents=spec.parents or [],
+                                        is_cache_hit=bool(spec.cache_hit))
+    if spec.predicted_hit is not None:  # SSD, once a build has predicted it
+        msg.predicted_hit = spec.predicted_hit
     if spec.q is not None:  # [n, V] float32
         msg.q.CopyFrom(tensors.encode(spec.q.float().numpy()))
     return msg

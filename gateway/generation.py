@@ -36,7 +36,7 @@ class TextRequest:
     messages: list[dict] | None  # chat messages (the template is applied)
     params: common_pb2.SamplingParams  # max_tokens 0 = the default
     stop: tuple[str, ...] = ()
-    mode: str | None = None  # "ar" | "sd" | None (the target's default)
+    mode: str | None = None  # "ar" | "sd" | "ssd" | None (the target's default)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -77,7 +77,7 @@ class TextGenerator:
             raise ModelNotFound(f"the model '{req.model}' does not exist; this server serves '{self.model_name}'",
                                 param="model")
         if req.mode not in MODES:
-            raise InvalidRequest(f"mode must be 'ar' or 'sd', got {req.mode!r}", param="mode")
+            raise InvalidRequest(f"mode must be 'ar', 'sd' or 'ssd', got {req.mode!r}", param="mode")
         tok = self.tokenizer()
         text = tok.chat_prompt(req.messages) if req.messages is not None else req.prompt
         if not text:

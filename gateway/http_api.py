@@ -35,6 +35,9 @@ def _usage(d: TextDelta) -> dict:
     if d.spec is not None:  # extension: per-request speculation stats
         usage["speculation"] = {"num_drafts": d.spec.num_drafts, "num_draft_tokens": d.spec.num_draft_tokens,
                                 "num_accepted_tokens": d.spec.num_accepted_tokens}
+        if d.spec.num_cache_hits or d.spec.num_cache_misses:  # ssd: the draft's speculation cache
+            usage["speculation"].update(num_cache_hits=d.spec.num_cache_hits,
+                                        num_cache_misses=d.spec.num_cache_misses)
     return usage
 
 

@@ -23,7 +23,7 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
-    mode: Literal["ar", "sd"] | None = None  # extension: decoding mode; None = the server default
+    mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:

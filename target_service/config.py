@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
 
+MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
+
 
 @dataclass(frozen=True)
 class TargetServiceConfig:
@@ -20,7 +22,7 @@ class TargetServiceConfig:
     max_model_len: int | None = None
     draft_address: str | None = None  # the draft service; None = no speculation (every request ar)
     num_speculative_tokens: int = 4  # lookahead K
-    default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" (sd needs a draft)
+    default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" | "ssd" (sd and ssd need a draft)
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
     draft_info_timeout_s: float = 60.0  # start-up wait for the draft's GetInfo (its feature layers)
@@ -33,8 +35,8 @@ class TargetServiceConfig:
     def __post_init__(self) -> None:
         if self.tensor_transport not in ("auto", "inline"):
             raise InvalidRequestError(f"tensor transport must be 'auto' or 'inline', got {self.tensor_transport!r}")
-        if self.default_mode not in ("ar", "sd"):
-            raise InvalidRequestError(f"default mode must be 'ar' or 'sd', got {self.default_mode!r}")
+        if self.default_mode not in MODES:
+            raise InvalidRequestError(f"default mode must be one of {MODES}, got {self.default_mode!r}")
         if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0 or self.num_threads < 1:
             raise InvalidRequestError("draft timeouts must be > 0 and threads >= 1")
         if self.draft_feature_layers is not None and any(layer < 0 for layer in self.draft_feature_layers):
@@ -68,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--draft-address", default=env.get("SSD_DRAFT_ADDRESS") or None,
                    help="host:port of the draft service; omit for ar only")
     p.add_argument("--k", type=int, default=4, help="lookahead K")
-    p.add_argument("--default-mode", default="sd", choices=["ar", "sd"])
+    p.add_argument("--default-mode", default=env.get("SSD_TARGET_DEFAULT_MODE", "sd"), choices=MODES,
+                   help="mode of requests that name none (sd and ssd need --draft-address)")
     p.add_argument("--draft-timeout-s", type=float, default=5.0)
     p.add_argument("--draft-feature-layers", type=parse_feature_layers,
                    default=env.get("SSD_TARGET_DRAFT_FEATURE_LAYERS", "auto"),

@@ -29,6 +29,8 @@ class LoadSnapshot:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_cache_hits: int = 0  # SSD speculations verified that came from the draft's cache
+    num_cache_misses: int = 0  # SSD speculations verified that were backups
 
 
 class EngineLoop:
@@ -127,7 +129,8 @@ class EngineLoop:
             num_used_kv_blocks=bm.num_blocks - bm.num_free_blocks, num_kv_blocks=bm.num_blocks,
             num_outstanding_tokens=outstanding,
             num_drafts=c.num_drafts if c else 0, num_draft_tokens=c.num_draft_tokens if c else 0,
-            num_accepted_tokens=c.num_accepted_tokens if c else 0)
+            num_accepted_tokens=c.num_accepted_tokens if c else 0,
+            num_cache_hits=c.num_cache_hits if c else 0, num_cache_misses=c.num_cache_misses if c else 0)
 
 
 def _settle(future: asyncio.Future, value: object, error: Exception | None) -> None:

@@ -10,8 +10,12 @@ A draft that drafts from target features (EAGLE-3) names their layers in GetInfo
 engine computes them (known before it is built: `fetch_feature_layers`) and each Prefill / Outcome
 carries the features of its new positions. Features are not kept here: a sequence re-sent after a
 reconnect lacks its old ones, and the draft gives it empty speculations.
+
+SSD: a sequence whose request asks for ssd goes to the draft with Prefill.ssd; rounds carry the
+optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
 """
 
+import dataclasses
 import itertools
 import threading
 
@@ -22,9 +26,11 @@ import torch
 
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from ssd.spec.config import SsdConfig
 from ssd.spec.proposer import ProposeRequest
 from ssd.spec.speculation import Speculation
 from target_service.draft_session import DraftSession, SentSequence
+from target_service.ssd_wire import DraftTimings, ssd_options
 
 log = structlog.get_logger(__name__)
 
@@ -54,12 +60,15 @@ def features_array(features: torch.Tensor) -> tuple[np.ndarray, str]:
 
 
 class RemoteProposer:
-    """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up."""
+    """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
+    `ssd_options`: SSD settings sent with every round that has ssd sequences; None = the draft's defaults."""
 
     def __init__(self, address: str, target_id: str, vocab_size: int, timeout_s: float = 5.0,
                  reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = (),
-                 offer_shared_memory: bool = True) -> None:
+                 offer_shared_memory: bool = True, ssd_options: SsdConfig | None = None) -> None:
         self.address = address
+        self.ssd_options = ssd_options
+        self._timings = DraftTimings()  # the draft's SSD timings, summed (engine thread writes)
         self.feature_layers = tuple(feature_layers)
         self.offer_shared_memory = offer_shared_memory  # tensors through same-node shared memory when possible
         self.target_id = target_id
@@ -78,6 +87,11 @@ class RemoteProposer:
     def is_connected(self) -> bool:
         s = self._session
         return s is not None and not s.is_broken
+
+    @property
+    def draft_timings(self) -> DraftTimings:
+        """A snapshot of the draft's SSD timings summed over its SSD answers (benchmarks)."""
+        return dataclasses.replace(self._timings)
 
     # -- connection -------------------------------------------------------------------------
     def _open(self) -> DraftSession | None:
@@ -146,7 +160,7 @@ class RemoteProposer:
         state = session.known.get(r.seq_id)
         if state is None:
             return round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
-                                       seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF)
+                                       seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF, ssd=r.ssd)
         new = r.token_ids[state.num_sent :]
         k = 0
         while k < min(len(state.last_tokens), len(new) - 1) and state.last_tokens[k] == new[k]:
@@ -180,6 +194,8 @@ class RemoteProposer:
         tree = next((r.tree for r in requests if r.tree is not None), None)
         if tree is not None:
             round_.tree.CopyFrom(draft_pb2.TreeShape(budget=tree.budget, depth=tree.depth, top_k=tree.top_k))
+        if self.ssd_options is not None and any(r.ssd for r in requests):
+            round_.ssd.CopyFrom(ssd_options(self.ssd_options))
         entries = [(r, self._entry(session, r, round_)) for r in requests]
         if session.sends_features:
             self._attach_features(session, entries)
@@ -197,10 +213,15 @@ class RemoteProposer:
         failed = {e.seq_id for e in specs.errors}
         for e in specs.errors:
             log.warning("draft rejected a sequence", seq_id=e.seq_id, code=e.code, error=e.message)
+        # the draft sends timings only when it answered from its SSD cache (an n-gram draft serves ssd as plain SD)
+        answered_ssd = specs.HasField("timings")
+        if answered_ssd:
+            self._timings.add(specs.timings)
         by_id = {item.seq_id: item for item in specs.items}
         out = []
         for r in requests:
-            spec = None if r.seq_id in failed else self._speculation(session, by_id.get(r.seq_id))
+            item = None if r.seq_id in failed else by_id.get(r.seq_id)
+            spec = self._speculation(session, item, is_ssd=r.ssd and answered_ssd)
             if spec is None:
                 session.known.pop(r.seq_id, None)  # re-sent as a Prefill next round
                 out.append(Speculation([]))
@@ -210,8 +231,10 @@ class RemoteProposer:
         return out
 
     @staticmethod
-    def _speculation(session: DraftSession, item: draft_pb2.SequenceSpeculation | None) -> Speculation | None:
-        """The draft's answer for one sequence; None if it is missing or its q cannot be read."""
+    def _speculation(session: DraftSession, item: draft_pb2.SequenceSpeculation | None,
+                     is_ssd: bool) -> Speculation | None:
+        """The draft's answer for one sequence (with its cache-hit flag if SSD answered it); None if it is
+        missing or its q cannot be read."""
         if item is None:
             return None
         try:
@@ -219,7 +242,11 @@ class RemoteProposer:
         except ValueError as e:  # e.g. a shared-memory segment that is gone
             log.warning("unreadable q from the draft", seq_id=item.seq_id, error=str(e))
             return None
-        return Speculation(list(item.token_ids), list(item.parents) or None, q)
+        if not is_ssd:
+            return Speculation(list(item.token_ids), list(item.parents) or None, q)
+        predicted = item.predicted_hit if item.HasField("predicted_hit") else None
+        return Speculation(list(item.token_ids), list(item.parents) or None, q, cache_hit=item.is_cache_hit,
+                           predicted_hit=predicted)
 
     def commit(self, seq_id: int, num_committed: int) -> None:
         pass  # the next Outcome carries the delta

@@ -26,22 +26,30 @@ FINISH_REASONS = {
 }
 
 
-def sampling_params(p: common_pb2.SamplingParams, speculate: bool) -> SamplingParams:
-    """Proto -> engine params; the engine validates (InvalidRequestError -> INVALID_ARGUMENT)."""
+DEFAULT_MODES = {"ar": common_pb2.SPECULATION_MODE_AR, "sd": common_pb2.SPECULATION_MODE_SD,
+                 "ssd": common_pb2.SPECULATION_MODE_SSD}
+
+
+def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
+    """Proto -> engine params for a resolved mode (AR, SD or SSD); the engine validates
+    (InvalidRequestError -> INVALID_ARGUMENT)."""
     return SamplingParams(
         temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k, max_tokens=p.max_tokens,
         seed=p.seed if p.HasField("seed") else None, stop_token_ids=tuple(p.stop_token_ids),
         ignore_eos=p.ignore_eos, draft_temperature=p.draft_temperature if p.HasField("draft_temperature") else None,
-        speculate=speculate)
+        speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
+        ssd=mode == common_pb2.SPECULATION_MODE_SSD)
 
 
 def spec_stats(summary: dict | None) -> common_pb2.SpeculationStats | None:
+    """The engine's per-request speculation summary (SpecCounters.as_dict) as the proto."""
     if not summary:
         return None
     return common_pb2.SpeculationStats(
         num_drafts=int(summary.get("num_drafts", 0)), num_draft_tokens=int(summary.get("num_draft_tokens", 0)),
         num_accepted_tokens=int(summary.get("num_accepted_tokens", 0)),
-        num_emitted_tokens=int(summary.get("num_emitted_tokens", 0)))
+        num_emitted_tokens=int(summary.get("num_emitted_tokens", 0)),
+        num_cache_hits=int(summary.get("cache_hits", 0)), num_cache_misses=int(summary.get("cache_misses", 0)))
 
 
 class VerifierServicer(target_pb2_grpc.VerifierServicer):
@@ -54,24 +62,26 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         self.info = target_pb2.TargetInfo(
             model_name=config.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
             eos_token_ids=sorted(info.eos_token_ids), tokenizer=read_tokenizer_files(info.model_path),
-            modes=[common_pb2.SPECULATION_MODE_AR] + ([common_pb2.SPECULATION_MODE_SD] if proposer else []),
+            modes=[common_pb2.SPECULATION_MODE_AR] + (
+                [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD] if proposer else []),
             num_kv_blocks=engine_loop.engine.block_manager.num_blocks,
             block_size=engine_loop.engine.block_manager.block_size, dtype=config.dtype)
 
-    def _speculate(self, mode: int) -> bool:
+    def _mode(self, mode: int) -> int:
+        """The request's mode, or the service's default when it names none."""
         if mode == common_pb2.SPECULATION_MODE_UNSPECIFIED:
-            return self.config.default_mode == "sd"
-        return mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD)
+            return DEFAULT_MODES[self.config.default_mode]
+        return mode
 
     async def Generate(self, request: target_pb2.VerifierGenerateRequest,
                        context: aio.ServicerContext) -> AsyncIterator[target_pb2.VerifierGenerateResponse]:
         structlog.contextvars.bind_contextvars(request_id=request.request_id)
-        params = sampling_params(request.params, self._speculate(request.mode))
+        params = sampling_params(request.params, self._mode(request.mode))
         seq_id, stream = await self.engine_loop.add(list(request.prompt_token_ids), params)
         if request.request_id:
             self.requests[request.request_id] = seq_id
         log.info("admitted", seq_id=seq_id, prompt_tokens=len(request.prompt_token_ids),
-                 max_tokens=params.max_tokens, speculate=params.speculate)
+                 max_tokens=params.max_tokens, speculate=params.speculate, ssd=params.ssd)
         finished, first = False, True
         try:
             while not finished:
@@ -113,4 +123,5 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
             num_kv_blocks=s.num_kv_blocks, num_outstanding_tokens=s.num_outstanding_tokens,
             num_sequences=len(self.engine_loop.streams), num_drafts=s.num_drafts,
             num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
-            is_draft_connected=self.proposer is not None and self.proposer.is_connected)
+            is_draft_connected=self.proposer is not None and self.proposer.is_connected,
+            num_cache_hits=s.num_cache_hits, num_cache_misses=s.num_cache_misses)

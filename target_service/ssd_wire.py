@@ -1,0 +1,31 @@
+"""SSD on the wire, target side: the SsdOptions a Round carries, and the draft's timings summed for benchmarks."""
+
+from dataclasses import dataclass
+
+from protos.ssd.v1 import draft_pb2
+from ssd.spec.config import SsdConfig
+
+
+def ssd_options(config: SsdConfig) -> draft_pb2.SsdOptions:
+    """The per-round SSD settings (a fan-out budget of 0 reads as "the draft's default" on the wire;
+    backup_max_neural_batch has no field: the draft's own applies)."""
+    return draft_pb2.SsdOptions(fan_out_budget=config.fan_out_budget, fan_out=config.fan_out,
+                                backup=config.backup, saguaro_c=config.saguaro_c)
+
+
+@dataclass
+class DraftTimings:
+    """Sums of the draft's SsdTimings over the answers that carried them (divide by num_answers for means)."""
+
+    num_answers: int = 0  # rounds the draft answered from its SSD cache (hits or backups)
+    lookup_ms: float = 0.0  # cache lookups
+    backup_ms: float = 0.0  # backup drafting for the misses
+    last_build_ms: float = 0.0  # the cache builds before those answers (they overlapped the target's verify)
+    build_wait_ms: float = 0.0  # answers waiting on the draft's worker, behind the previous build
+
+    def add(self, t: draft_pb2.SsdTimings) -> None:
+        self.num_answers += 1
+        self.lookup_ms += t.lookup_ms
+        self.backup_ms += t.backup_ms
+        self.last_build_ms += t.last_build_ms
+        self.build_wait_ms += t.build_wait_ms
