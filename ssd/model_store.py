@@ -79,6 +79,12 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_DRAFT = "smollm2-135m-eagle3"  # the EAGLE-3 head trained for DEFAULT_MODEL, shipped in the repo
+
+
+def shipped_drafts_dir() -> Path:
+    """Draft heads shipped with the source tree (`drafts/` next to the `ssd` package)."""
+    return Path(__file__).resolve().parents[1] / "drafts"
 
 
 def pull(name: str, *, force: bool = False) -> Path:
@@ -164,6 +170,8 @@ def resolve_model(name_or_path: str) -> Path:
     is_plain_name = name_or_path not in ("", ".", "..") and path.name == name_or_path
     if is_plain_name and is_cached(models_dir() / name_or_path):
         return models_dir() / name_or_path
+    if is_plain_name and (shipped_drafts_dir() / name_or_path / "config.json").is_file():
+        return shipped_drafts_dir() / name_or_path
     if name_or_path in KNOWN_MODELS:
         raise ModelNotFoundError(
             f"model {name_or_path!r} is not downloaded yet; run `ssd models pull {name_or_path}` "

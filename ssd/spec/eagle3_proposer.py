@@ -66,7 +66,7 @@ class Eagle3Proposer:
         head = self.head
         state = self.seqs.get(r.seq_id)
         if state is None:
-            state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), torch.empty(0, head.config.hidden_size))
+            state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), torch.empty(0, head.config.hidden_size, dtype=head.fc.weight.dtype))
         if r.features is not None:
             start, feats = r.features_start, head.fuse(r.features.to(head.fc.weight.dtype))
             state.fused = torch.cat([state.fused[:start], feats])

@@ -64,3 +64,13 @@ def test_eagle3_missing_and_misshaped_keys_are_named(folders, tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing: fc.weight.*mis-shaped: norm.weight"):
         load_eagle3_head(tmp_path, torch.zeros(96, 64), torch.float32)
+
+
+def test_eagle3_sd_runs_in_bfloat16(folders):
+    """The head's per-sequence feature buffer follows the head's dtype (it once started as float32)."""
+    target, head = folders
+    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
+    llm = LLM(str(target), dtype="bfloat16", block_size=4, kv_cache_memory_mb=8, speculation=spec)
+    out = llm.generate([PROMPTS[0]], PARAMS)[0]
+    assert len(out.token_ids) == PARAMS.max_tokens
+    assert llm.engine.spec.counters.num_draft_tokens > 0
