@@ -1,12 +1,14 @@
 """The OpenAI-compatible HTTP bridge: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health, /metrics.
 
-Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps to.
+Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps to. A client that goes
+away cancels its generation (the target call), streaming or not; /v1/ is guarded by `http_asgi.RequestGuard`.
 """
 
 import json
 import time
 from collections.abc import AsyncIterator
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -14,8 +16,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gateway.auth import ApiKeys
 from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
+from gateway.http_asgi import RequestGuard, unless_disconnected
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from protos.ssd.v1 import common_pb2
+
+log = structlog.get_logger(__name__)
 
 
 def _params(body: _Sampling, max_tokens: int | None) -> common_pb2.SamplingParams:
@@ -47,6 +52,7 @@ def _sse(obj: dict) -> bytes:
 
 def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, metrics_render) -> FastAPI:  # noqa: ANN001
     app = FastAPI(title="ssd-serve gateway", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestGuard, keys=keys, max_request_bytes=max_request_bytes)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, e: GatewayError) -> JSONResponse:
@@ -58,19 +64,6 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         message = f"invalid request body: {loc + ': ' if loc else ''}{first.get('msg', 'malformed')}"
         return JSONResponse(openai_error_body(400, message, loc or None), status_code=400)
-
-    @app.middleware("http")
-    async def limits_and_auth(request: Request, call_next):  # noqa: ANN001, ANN202
-        if request.url.path.startswith("/v1/"):
-            try:
-                keys.check(request.headers.get("authorization"))
-            except GatewayError as e:
-                return JSONResponse(openai_error_body(401, str(e)), status_code=401)
-            size = int(request.headers.get("content-length") or 0)
-            if size > max_request_bytes:
-                message = f"the request body has {size} bytes; at most {max_request_bytes} are allowed"
-                return JSONResponse(openai_error_body(413, message), status_code=413)
-        return await call_next(request)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -87,13 +80,18 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
                                             "owned_by": "ssd-serve"}]}
 
-    async def run(req: TextRequest, stream: bool, include_usage: bool, chat: bool) -> Response:
+    async def run(request: Request, req: TextRequest, sampling: _Sampling, chat: bool) -> Response:
+        stream = sampling.stream
+        include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
         created, model = int(time.time()), generator.model_name
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
         obj = "chat.completion" if chat else "text_completion"
         headers = {"x-request-id": req.request_id}
         if not stream:
-            d = await generator.complete(req)
+            d = await unless_disconnected(generator.complete(req), request.receive)
+            if d is None:  # the client left: the target call is cancelled, its KV freed
+                log.info("client disconnected; generation cancelled", request_id=req.request_id)
+                return Response(status_code=499, headers=headers)  # nobody reads it (nginx's "client closed")
             choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": None}
             choice |= {"message": {"role": "assistant", "content": d.text}} if chat else {"text": d.text}
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
@@ -132,20 +130,20 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(request: Request, body: CompletionRequest) -> Response:
         prompt = body.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
                 raise InvalidRequest("exactly one prompt per request is supported", param="prompt")
             prompt = prompt[0]
         req = TextRequest(body.model, prompt, None, _params(body, body.max_tokens), body.stop_list(), body.mode)
-        return await run(req, body.stream, bool(body.stream_options and body.stream_options.include_usage), chat=False)
+        return await run(request, req, body, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         req = TextRequest(body.model, None, messages, _params(body, max_tokens), body.stop_list(), body.mode)
-        return await run(req, body.stream, bool(body.stream_options and body.stream_options.include_usage), chat=True)
+        return await run(request, req, body, chat=True)
 
     return app

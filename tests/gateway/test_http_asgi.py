@@ -1,0 +1,180 @@
+"""The HTTP bridge's ASGI guard and disconnect watching, on the real app with a stub generator (no model services).
+
+Body size limit with and without Content-Length (chunked), read no further than the limit; API keys;
+a non-streaming request whose client disconnects has its generation cancelled.
+"""
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.auth import ApiKeys
+from gateway.errors import InvalidRequest
+from gateway.generation import TextDelta, TextRequest
+from gateway.http_api import build_app
+
+KEY = "k"
+LIMIT = 4096
+HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+CHUNK = b" " * 512  # JSON whitespace: an over-limit body is still a well-formed request
+
+
+class StubGenerator:
+    """What build_app needs of a TextGenerator: answers 'ok' at once, or hangs until cancelled."""
+
+    def __init__(self, *, is_hanging: bool = False, error: Exception | None = None) -> None:
+        self.router = SimpleNamespace(replicas=[])
+        self.model_name = "stub"
+        self.is_hanging = is_hanging
+        self.error = error
+        self.requests: list[TextRequest] = []
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def complete(self, req: TextRequest) -> TextDelta:
+        self.requests.append(req)
+        self.started.set()
+        if self.error is not None:
+            raise self.error
+        try:
+            if self.is_hanging:
+                await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()  # where the real generator cancels its target call
+            raise
+        return TextDelta("ok", [1], "stop", prompt_tokens=3, completion_tokens=1)
+
+
+def make_app(generator: StubGenerator):  # noqa: ANN201
+    return build_app(generator, ApiKeys(frozenset({KEY}), is_disabled=False), LIMIT, lambda: b"")
+
+
+def chunked_body(num_chunks: int, pulled: list[int]):  # noqa: ANN201
+    """A completion request padded with whitespace, sent chunk by chunk; counts the chunks pulled."""
+    async def chunks():  # noqa: ANN202
+        for i in range(num_chunks):
+            pulled.append(i)
+            yield b'{"prompt": "hi", "max_tokens": 5}' if i == 0 else CHUNK
+    return chunks()
+
+
+async def _post(app, content, headers: dict | None = None) -> httpx.Response:  # noqa: ANN001
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        return await client.post("/v1/completions", content=content, headers=headers or HEADERS)
+
+
+def assert_openai_error(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["code"] == status and error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_chunked_body_over_the_limit_is_413_and_not_read_further():
+    gen, pulled = StubGenerator(), []
+    r = asyncio.run(_post(make_app(gen), chunked_body(100, pulled)))
+    assert_openai_error(r, 413)
+    assert f"more than {LIMIT} bytes" in r.json()["error"]["message"]
+    assert len(pulled) <= LIMIT // len(CHUNK) + 2  # stopped at the limit, not after all 100 chunks
+    assert gen.requests == []
+
+
+def test_small_chunked_body_is_served():
+    gen, pulled = StubGenerator(), []
+    r = asyncio.run(_post(make_app(gen), chunked_body(3, pulled)))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == "ok"
+    assert gen.requests[0].prompt == "hi" and gen.requests[0].params.max_tokens == 5
+
+
+def test_content_length_over_the_limit_is_413():
+    gen = StubGenerator()
+    r = asyncio.run(_post(make_app(gen), b'{"prompt": "hi"}' + b" " * LIMIT))
+    assert_openai_error(r, 413)
+    assert f"has {LIMIT + 16} bytes" in r.json()["error"]["message"]
+    assert gen.requests == []
+
+
+def test_missing_api_key_is_401_before_the_body_is_read():
+    gen, pulled = StubGenerator(), []
+    r = asyncio.run(_post(make_app(gen), chunked_body(100, pulled), headers={"Content-Type": "application/json"}))
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert pulled == [] and gen.requests == []
+
+
+def test_generation_errors_keep_their_status_through_the_disconnect_watch():
+    gen = StubGenerator(error=InvalidRequest("the prompt is empty", param="prompt"))
+    r = asyncio.run(_post(make_app(gen), b'{"prompt": "", "max_tokens": 5}'))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+@pytest.fixture
+def served_app():
+    """The app behind a real uvicorn on a free port (real chunked framing and keep-alive)."""
+    server = uvicorn.Server(uvicorn.Config(make_app(StubGenerator()), host="127.0.0.1", port=0,
+                                           log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_chunked_limit_over_a_real_connection(served_app):
+    def body(num_chunks: int):  # noqa: ANN202
+        yield b'{"prompt": "hi", "max_tokens": 5}'
+        yield from (CHUNK for _ in range(num_chunks))
+
+    with httpx.Client(base_url=served_app, headers=HEADERS, timeout=10) as client:
+        big = client.post("/v1/completions", content=body(40))
+        assert "content-length" not in big.request.headers and big.request.headers["transfer-encoding"] == "chunked"
+        assert_openai_error(big, 413)
+        small = client.post("/v1/completions", content=body(2))  # the same connection still serves
+        assert small.status_code == 200 and small.json()["choices"][0]["text"] == "ok"
+
+
+def test_disconnect_cancels_a_nonstreaming_generation():
+    async def scenario() -> list[dict]:
+        gen = StubGenerator(is_hanging=True)
+        app = make_app(gen)
+        body = b'{"prompt": "hi", "max_tokens": 2000}'
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "server": ("gateway", 80), "client": ("test", 1),
+                 "headers": [(b"authorization", f"Bearer {KEY}".encode()), (b"content-type", b"application/json"),
+                             (b"content-length", str(len(body)).encode())]}
+        gone = asyncio.Event()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop(0)
+            await gone.wait()  # as a server does: block until the client goes away
+            return {"type": "http.disconnect"}
+
+        sent = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        app_task = asyncio.create_task(app(scope, receive, send))
+        await asyncio.wait_for(gen.started.wait(), 5)
+        await asyncio.sleep(0.2)
+        assert not gen.cancelled.is_set()  # still generating while the client waits
+        gone.set()
+        await asyncio.wait_for(gen.cancelled.wait(), 2)
+        await asyncio.wait_for(app_task, 2)
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert sent[0]["status"] == 499
