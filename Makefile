@@ -29,8 +29,9 @@ install: $(STAMP) $(STUBS)
 model: install
 	$(BIN)/ssd models pull $(MODEL)
 
-# DRAFT: the demo's draft (a draft checkpoint or an EAGLE-3 head also runs ssd mode); default n-gram lookup
-DRAFT  ?= ngram
+# DRAFT: the demo's draft: the shipped EAGLE-3 head (drafts/smollm2-135m-eagle3; runs ar, sd and ssd), or
+# `make demo DRAFT=ngram` (n-gram lookup: ar and sd only)
+DRAFT  ?= smollm2-135m-eagle3
 
 demo: model
 	$(BIN)/python -m deploy.demo --draft $(DRAFT)

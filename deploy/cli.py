@@ -6,11 +6,13 @@ import sys
 import threading
 from pathlib import Path
 
+from ssd.model_store import DEFAULT_DRAFT
+
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="run draft, target and gateway services on localhost")
     s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
-    s.add_argument("--draft", default="ngram",
+    s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
     s.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     s.add_argument("--targets", type=int, default=1, help="target replicas")

@@ -12,6 +12,7 @@ from pathlib import Path
 from openai import OpenAI
 
 from deploy.local import StackConfig, free_port, start_stack, stop_stack
+from ssd.model_store import DEFAULT_DRAFT
 
 PROMPTS = [
     "Explain in three sentences why the sky is blue.",
@@ -33,7 +34,8 @@ def modes_for(draft: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.demo", description=__doc__)
-    p.add_argument("--draft", default="ngram", help="'ngram', a draft checkpoint or an EAGLE-3 head folder")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help="the shipped EAGLE-3 head (default), 'ngram', a draft checkpoint or an EAGLE-3 head folder")
     args = p.parse_args(argv)
     log_dir = Path("out/demo-logs")
     log_dir.mkdir(parents=True, exist_ok=True)

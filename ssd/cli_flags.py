@@ -2,13 +2,16 @@
 
 import argparse
 
+from ssd.model_store import DEFAULT_DRAFT
 from ssd.spec.config import BACKUP_KINDS, SpeculationConfig, SsdConfig
 from ssd.spec.fanout import FAN_OUT_KINDS
 from ssd.spec.proposer import TreeShape
 
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default="ngram", help="sd: 'ngram', a draft checkpoint / model name, or an EAGLE-3 head")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help="sd / ssd: the shipped EAGLE-3 head (default), 'ngram', a draft checkpoint / model name, "
+                        "or an EAGLE-3 head folder")
     p.add_argument("--k", type=int, default=4, help="lookahead K: draft tokens per round (tree: its depth)")
     p.add_argument("--tree", action="store_true", help="token-tree speculation instead of a chain")
     p.add_argument("--tree-budget", type=int, default=16, help="draft nodes per tree")
