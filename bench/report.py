@@ -57,7 +57,7 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def table(runs: list[dict]) -> str:
     lines = ["| mode | dataset | batch | decode tok/s | vs ar | TTFT ms | tokens/round | accept rate | "
-             "identical to first | outputs hash |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "cache hit rate | identical to first | outputs hash |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         base = next((x for x in runs if x["dataset"] == r["dataset"] and x["mode"] == "ar"), None)
         ratio = r["decode_tok_s"] / base["decode_tok_s"] if base and base["decode_tok_s"] else None
@@ -65,7 +65,8 @@ def table(runs: list[dict]) -> str:
         digest = r.get("outputs_sha256") or "text " + r.get("outputs_text_sha256", "")
         lines.append(f"| {mode} | {r['dataset']} | {r['batch']} | {r['decode_tok_s']:.1f} | {_cell(ratio, '.2f')} | "
                      f"{1000 * r['ttft_s']:.0f} | {_cell(r.get('tokens_per_round'), '.2f')} | "
-                     f"{_cell(r.get('accept_rate'), '.2f')} | {_cell(r.get('prompts_identical_to_first'), '.2f')} | "
+                     f"{_cell(r.get('accept_rate'), '.2f')} | {_cell(r.get('cache_hit_rate'), '.2f')} | "
+                     f"{_cell(r.get('prompts_identical_to_first'), '.2f')} | "
                      f"`{digest[:12]}` |")
     return "\n".join(lines)
 

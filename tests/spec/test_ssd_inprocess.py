@@ -4,18 +4,10 @@ and an EAGLE-3 head, batch 1 and 4, every fan-out and backup kind; the cache rea
 import pytest
 
 from ssd.llm import LLM
-from ssd.sampling.params import SamplingParams
 from ssd.spec.config import SpeculationConfig, SsdConfig
 from tests.spec.test_eagle3_sd import write_tiny_head
+from tests.spec.test_sd_greedy import PARAMS, PROMPTS
 from tests.tiny_models import write_tiny_checkpoint
-
-PROMPTS = [
-    [5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
-    [9, 10, 11, 12, 13, 14, 15, 9, 10, 11],
-    [20, 21, 22, 20, 21],
-    [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 30, 31],
-]
-PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
