@@ -36,8 +36,10 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [P, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        # Plain float32 attributes, not buffers: this instance is shared by every model with these settings
+        # (`get_rope`), so `model.to(bfloat16)` on one model must not round the tables of all the others.
+        self.cos = emb.cos()  # [P, D]
+        self.sin = emb.sin()  # [P, D]
         self.head_dim = head_dim
         self._memo: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
@@ -45,6 +47,8 @@ class RotaryEmbedding(nn.Module):
         memo = self._memo
         if memo is not None and memo[0] is positions and memo[1] == dtype:
             return memo[2], memo[3]
+        if self.cos.device != positions.device:  # tables follow the forward's device (not moved by .to())
+            self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
         cos = self.cos[positions].unsqueeze(1).to(dtype)  # [T, 1, D]
         sin = self.sin[positions].unsqueeze(1).to(dtype)
         self._memo = (positions, dtype, cos, sin)
