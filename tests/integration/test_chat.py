@@ -23,12 +23,18 @@ def test_two_turns_metrics_and_ctrl_c(stack) -> None:  # noqa: ANN001
         child.expect(METRICS)
         child.expect("you> ")
 
-        child.sendline("Write a long story about a dragon who learns to cook.")
-        child.expect("learns to cook.\r\n")  # the echoed line
-        child.expect(r"\w+\W+\w+\W+\w+")  # a few words in: the answer is streaming
-        child.send("\x03")  # Ctrl-C
-        child.expect(r"\[cancelled\]")
-        child.expect("you> ")
+        cancelled = False
+        for topic in ("a dragon who learns to cook", "a robot who learns to paint", "a whale who learns to sing"):
+            child.sendline(f"Write a long story about {topic}.")
+            child.expect(topic + "\\.\r\n")  # the echoed line
+            child.expect(r"\w+\W+\w+\W+\w+")  # a few words in: the answer is streaming
+            child.send("\x03")  # Ctrl-C
+            # on a loaded machine the answer can end before the interrupt lands: then try another one
+            cancelled = child.expect([r"\[cancelled\]", METRICS]) == 0
+            child.expect("you> ")
+            if cancelled:
+                break
+        assert cancelled
 
         child.sendline("And what is 12 times 8?")
         child.expect(METRICS)
