@@ -6,6 +6,7 @@ closed, which makes the gateway cancel the target call), and the session goes on
 
 import argparse
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -118,6 +119,9 @@ def _read_line() -> str | None:
 
 
 def chat_loop(session: ChatSession) -> None:
+    # Ctrl-C must cancel an answer even when this process was started with SIGINT ignored (e.g. from a
+    # background job of a non-interactive shell, which is how CI scripts often launch things)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"chatting with {session.model} at {session.config.url} (mode: {session.config.mode or 'server default'})"
           "; /exit or Ctrl-D quits, Ctrl-C cancels an answer")
     while (line := _read_line()) is not None:
