@@ -12,7 +12,7 @@ from ssd.errors import CheckpointError, InvalidRequestError
 from ssd.model_config import load_model_config
 from ssd.spec.eagle3_proposer import Eagle3Proposer
 from ssd.spec.proposer import ProposeRequest
-from tests.spec.test_eagle3_sd import write_tiny_head
+from tests.spec.test_eagle3_sd import tiny_target_and_head
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -21,10 +21,7 @@ K = 3
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_head(head, target)
-    return target, head
+    return tiny_target_and_head(tmp_path_factory)
 
 
 @pytest.fixture

@@ -14,18 +14,14 @@ from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child,
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from rpc.shared_memory import SHM_DIR
 from tests.integration.helpers import draft_load, wait_for
-from tests.spec.test_eagle3_sd import PROMPTS, write_tiny_head
-from tests.tiny_models import write_tiny_checkpoint
+from tests.spec.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
 MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_head(head, target)
-    return target, head
+    return tiny_target_and_head(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

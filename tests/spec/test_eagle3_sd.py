@@ -32,12 +32,17 @@ def write_tiny_head(folder, target_folder, draft_vocab: int = 64, seed: int = 3)
     save_eagle3_head(head, folder)
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def tiny_target_and_head(tmp_path_factory):  # noqa: ANN001, ANN201 - shared by the EAGLE-3 test modules
+    """A tiny float32 Llama target and a tiny random EAGLE-3 head for it, in fresh temp folders."""
     target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
     write_tiny_checkpoint(target, "llama", seed=0)
     write_tiny_head(head, target)
     return target, head
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return tiny_target_and_head(tmp_path_factory)
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(budget=8, depth=3, top_k=2)], ids=["chain", "tree"])
