@@ -18,6 +18,7 @@ from torch import nn
 
 from ssd.errors import CheckpointError
 from ssd.layers.attention import matmul_attention
+from ssd.layers.linear import onednn_pack, packed_linear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
 from ssd.model_config import ModelConfig, RopeConfig, _rope_from
@@ -157,6 +158,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.transpose(1, 2).flatten(2)
 
 
+class HeadLinear(nn.Linear):
+    """A trainable linear layer that, once `pack`ed for inference, multiplies through oneDNN's packed weight
+    (1.6-2x faster than `F.linear` for the few rows a draft step has). Training never packs."""
+
+    packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        self.packed = onednn_pack(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if self.packed is None or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.weight, self.bias)  # [N, out]
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
 class Eagle3Attention(nn.Module):
     """q/k/v read the concatenation [embedding, feature] (width 2d); o writes back to d."""
 
@@ -164,10 +181,10 @@ class Eagle3Attention(nn.Module):
         super().__init__()
         d, hd = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
-        self.q_proj = nn.Linear(2 * d, self.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(2 * d, self.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(2 * d, self.num_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * hd, d, bias=False)
+        self.q_proj = HeadLinear(2 * d, self.num_heads * hd, bias=False)
+        self.k_proj = HeadLinear(2 * d, self.num_kv_heads * hd, bias=False)
+        self.v_proj = HeadLinear(2 * d, self.num_kv_heads * hd, bias=False)
+        self.o_proj = HeadLinear(self.num_heads * hd, d, bias=False)
         self.rotary_emb = get_rope(hd, config.max_position_embeddings, config.rope)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -183,9 +200,9 @@ class Eagle3MLP(nn.Module):
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
         d, m = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(d, m, bias=False)
-        self.up_proj = nn.Linear(d, m, bias=False)
-        self.down_proj = nn.Linear(m, d, bias=False)
+        self.gate_proj = HeadLinear(d, m, bias=False)
+        self.up_proj = HeadLinear(d, m, bias=False)
+        self.down_proj = HeadLinear(m, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -220,10 +237,10 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.config = config
         d = config.hidden_size
-        self.fc = nn.Linear(3 * config.target_hidden_size, d, bias=False)
+        self.fc = HeadLinear(3 * config.target_hidden_size, d, bias=False)
         self.midlayer = Eagle3MidLayer(config)
         self.norm = RMSNorm(d, config.rms_norm_eps)
-        self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
+        self.lm_head = HeadLinear(d, config.draft_vocab_size, bias=False)
         emb = torch.zeros(config.vocab_size, d) if target_embedding is None else target_embedding.detach()
         self.embed_tokens = nn.Embedding.from_pretrained(emb, freeze=True)  # the target's, frozen
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # [draft_vocab]

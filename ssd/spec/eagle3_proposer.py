@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ssd.errors import InvalidRequestError
+from ssd.layers.linear import pack_linear_weights
 from ssd.loader.eagle3_checkpoint import load_eagle3_head
 from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import ModelConfig
@@ -45,6 +46,7 @@ class Eagle3Proposer:
         """`target_embedding` [vocab, d]: the target's input embedding (used when the head ships none)."""
         tc = target_config
         self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype), tc.num_hidden_layers)
+        pack_linear_weights(self.head)  # inference only from here on: oneDNN-packed matmuls
         hc = self.head.config
         if hc.vocab_size != tc.vocab_size or hc.target_hidden_size != tc.hidden_size:
             raise InvalidRequestError(

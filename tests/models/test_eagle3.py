@@ -148,3 +148,20 @@ def test_loader_requires_an_embedding(tmp_path):
     save_eagle3_head(head, tmp_path)
     with pytest.raises(CheckpointError, match="embed_tokens"):
         load_eagle3_head(tmp_path, None, torch.float32)
+
+
+def test_packed_head_drafts_like_the_unpacked_one():
+    from ssd.layers.linear import pack_linear_weights
+
+    head = tiny_head()
+    ids, hidden = torch.tensor([3, 9, 27, 5]), torch.randn(4, head.config.hidden_size)
+    with torch.inference_mode():
+        plain_out, plain_logits = head(ids, hidden, head.new_cache())
+        packed = pack_linear_weights(head)
+        out, logits = head(ids, hidden, head.new_cache())
+    assert packed == 9 or not torch.backends.mkldnn.is_available()  # every linear layer of the head
+    torch.testing.assert_close(out, plain_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-5, atol=1e-5)
+    loss = head.forward_train(ids[None], hidden[None])[1].logsumexp(-1).sum()  # training ignores the packing
+    loss.backward()
+    assert head.lm_head.weight.grad is not None
