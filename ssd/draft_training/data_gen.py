@@ -31,17 +31,17 @@ MANIFEST = "manifest.json"
 class DataConfig:
     target: str  # target checkpoint folder
     seed: int = 0
-    num_chat: int = 1440  # template x topic instructions
-    num_code_stubs: int = 352  # raw standard-library function stubs to complete
-    num_code_chat: int = 320  # chat requests about standard-library functions
-    num_docs: int = 320  # package documentation to summarize
+    num_chat: int = 560  # template x topic instructions
+    num_code_stubs: int = 176  # raw standard-library function stubs to complete
+    num_code_chat: int = 208  # chat requests about standard-library functions
+    num_docs: int = 80  # package documentation to summarize
     max_prompt_tokens: int = 384  # longer prompts are cut (raw stubs) or skipped (chat)
     max_new_tokens: int = 256
     temperature: float = 0.0  # the target's answers: greedy by default, like the default serving mode
     top_k: int = 16  # target log-probs kept per position
     shard_size: int = 64  # prompts per shard file
-    generation_batch: int = 128  # sequences decoded together (continuous batching across shards)
-    shards_per_call: int = 8  # shards generated in one engine call, so the batch stays full until near the end
+    generation_batch: int = 64  # sequences decoded together (continuous batching across shards)
+    shards_per_call: int = 1  # shards generated in one engine call, so the batch stays full until near the end
     max_shards: int | None = None  # use only the first shards (a prefix of the prompt list); None = all
     dtype: str = "bfloat16"
     num_threads: int | None = None

@@ -31,7 +31,7 @@ log = structlog.get_logger(__name__)
 class TrainConfig:
     target: str  # target checkpoint folder (its embedding, final norm and LM head seed the head)
     seed: int = 0
-    epochs: float = 3.0
+    epochs: float = 8.0
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 30

@@ -289,6 +289,25 @@ class Eagle3Head(nn.Module):
         out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
         return out, self.logits(out)
 
+    def forward_many(self, input_ids: list[torch.Tensor], hidden: list[torch.Tensor], positions: list[torch.Tensor],
+                     masks: list[torch.Tensor], caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`forward_masked` for several sequences at once: segment i has n_i new positions (input_ids [n_i],
+        hidden [n_i, d], positions [n_i], mask [n_i, len(cache_i) + n_i]). The linear layers (most of the work)
+        run once over all rows; attention runs per sequence over its own cache.
+        -> per segment (out_hidden [n_i, d], draft logits [n_i, draft_vocab] float32)."""
+        sizes = [len(ids) for ids in input_ids]
+        all_hidden = torch.cat(hidden)[None]  # [1, N, d]
+        emb = self.embed_tokens(torch.cat(input_ids)).to(all_hidden.dtype)[None]  # [1, N, d]
+        q, k, v = self.midlayer.qkv(emb, all_hidden, torch.cat(positions))  # [1, N, H|KVH, D]
+        attn = []
+        for qi, ki, vi, mask, cache in zip(q[0].split(sizes), k[0].split(sizes), v[0].split(sizes), masks, caches,
+                                           strict=True):
+            cache.append(ki, vi)
+            keys, values = cache.k[None, : cache.length], cache.v[None, : cache.length]  # [1, S, KVH, D]
+            attn.append(attend(qi[None], keys, values, mask[None, None])[0])  # [n_i, H*D]
+        out = self.midlayer.finish(torch.cat(attn)[None], all_hidden)[0]  # [N, d]
+        return list(out.split(sizes)), list(self.logits(out).split(sizes))
+
     def forward_train(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                       attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Batched full-sequence causal forward: input_ids [B, L], hidden [B, L, d], attention_mask [B, L]

@@ -2,6 +2,7 @@
 
 import torch
 
+from ssd.sampling.sampler import sample_from
 from ssd.spec.saguaro import SaguaroScale
 
 
@@ -29,6 +30,6 @@ def pick_tokens(
         q = draft_probs(logits[i : i + 1], temp)[0]
         if scales is not None and scales[i] is not None:
             q = scales[i].apply(q, step)
-        tokens.append(int(torch.multinomial(q, 1, generator=generators[i])[0]))
+        tokens.append(int(sample_from(q[None], generators[i])[0]))
         qs.append(q)
     return tokens, qs

@@ -30,36 +30,50 @@ class Eagle3BranchDrafter:
 
     @torch.inference_mode()
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
-        head, out = self.proposer.head, []
+        """Catch-up per sequence, then the speculation's self-conditioned steps, one forward per step for all."""
+        head, caches, reals, hiddens, rows = self.proposer.head, [], [], [], []
         for r in requests:
             req = ProposeRequest(r.seq_id, r.token_ids, 0, 0.0, torch.Generator(), None, r.features, r.features_start)
             state, hidden, _ = self.proposer._catch_up(req)
-            real = state.cache.length
-            hiddens, rows = [hidden], [state.rows[-1][1]]
-            for token in r.speculation:
-                h, logits = head(torch.tensor([token]), hiddens[-1][None], state.cache)
-                hiddens.append(h[-1])
-                rows.append(logits[-1])
-            self.glue_hidden[r.seq_id] = (real, torch.stack(hiddens))
-            out.append(self._to_target(torch.stack(rows)))
-        return out
+            caches.append(state.cache)
+            reals.append(state.cache.length)  # L: positions with real target features
+            hiddens.append([hidden])  # per sequence: out_hidden after 0..m glue steps, each [d]
+            rows.append([state.rows[-1][1]])  # per sequence: draft logits after 0..m glue steps, each [Vd]
+        for step in range(max((len(r.speculation) for r in requests), default=0)):
+            active = [i for i, r in enumerate(requests) if step < len(r.speculation)]
+            outs, logits = head.forward_many(
+                [torch.tensor([requests[i].speculation[step]]) for i in active],
+                [hiddens[i][-1][None] for i in active],
+                [torch.tensor([caches[i].length]) for i in active],
+                [torch.ones(1, caches[i].length + 1, dtype=torch.bool) for i in active],
+                [caches[i] for i in active])
+            for i, out, row in zip(active, outs, logits, strict=True):
+                hiddens[i].append(out[0])
+                rows[i].append(row[0])
+        for r, real, h in zip(requests, reals, hiddens, strict=True):
+            self.glue_hidden[r.seq_id] = (real, torch.stack(h))  # (L, [m+1, d])
+        return [self._to_target(torch.stack(r)) for r in rows]
 
     @torch.inference_mode()
     def decode_branches(self, requests: list[BranchRequest], depth: int, pick: PickFn) -> list[torch.Tensor]:
-        head, result = self.proposer.head, []
-        for i, r in enumerate(requests):
+        """All branches of all sequences, one head forward per depth (attention per sequence, tree-masked)."""
+        head, caches, reals, glues, forks, hidden, tokens = self.proposer.head, [], [], [], [], [], []
+        for r in requests:
             cache = self.proposer.seqs[r.seq_id].cache
             real, glue_hidden = self.glue_hidden[r.seq_id]
-            glue = r.glue_len - 1  # head glue positions: s_1..s_m
-            cache.truncate(real + glue)
-            js = torch.tensor(r.fork_points)
-            hidden = glue_hidden[js]  # [M, d]
-            tokens = torch.tensor(r.tokens)
-            steps = []
-            for d in range(depth):
-                mask = branch_mask(real, glue, r.fork_points, d)  # [M, real + glue + (d+1)*M]
-                hidden, logits = head.forward_masked(tokens, hidden, real + js + d, mask, cache)
-                tokens = torch.tensor(pick(i, d, self._to_target(logits)))
-                steps.append(tokens)
-            result.append(torch.stack(steps, dim=1))  # [M, depth]
-        return result
+            cache.truncate(real + r.glue_len - 1)  # keep the glue positions s_1..s_m
+            caches.append(cache)
+            reals.append(real)
+            glues.append(r.glue_len - 1)
+            forks.append(torch.tensor(r.fork_points))  # [M]
+            hidden.append(glue_hidden[forks[-1]])  # [M, d]
+            tokens.append(torch.tensor(r.tokens))  # [M]
+        steps: list[list[torch.Tensor]] = [[] for _ in requests]
+        for d in range(depth):
+            masks = [branch_mask(reals[i], glues[i], r.fork_points, d) for i, r in enumerate(requests)]
+            positions = [reals[i] + forks[i] + d for i in range(len(requests))]  # [M] each
+            hidden, logits = head.forward_many(tokens, hidden, positions, masks, caches)
+            tokens = [torch.tensor(pick(i, d, self._to_target(row))) for i, row in enumerate(logits)]
+            for i, t in enumerate(tokens):
+                steps[i].append(t)
+        return [torch.stack(s, dim=1) for s in steps]  # [M, depth] each

@@ -19,6 +19,7 @@ from ssd.loader.eagle3_checkpoint import load_eagle3_head
 from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import ModelConfig
 from ssd.models.eagle3 import HeadKVCache
+from ssd.sampling.sampler import sample_from
 from ssd.spec.proposer import ProposeRequest, TreeShape
 from ssd.spec.speculation import Speculation
 
@@ -86,32 +87,52 @@ class Eagle3Proposer:
         return state, hidden, torch.log_softmax(logits.float(), dim=-1)
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
-        return [self._tree(r, r.tree) if r.tree is not None else self._chain(r) for r in requests]
+        chains = self._chains([r for r in requests if r.tree is None])
+        return [self._tree(r, r.tree) if r.tree is not None else chains.pop(0) for r in requests]
 
     def _to_target_q(self, probs: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [vocab]
         q = torch.zeros(self.head.config.vocab_size)
         q[self.head.to_target_ids(torch.arange(probs.shape[0]))] = probs.float()
         return q
 
+    def _pick(self, r: ProposeRequest, step: int, logprobs: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """The next draft token (target id) from draft log-probs [Vd], and its q [V] when sampling."""
+        if r.temperature <= 0:
+            return int(self.head.to_target_ids(logprobs.argmax())), None
+        probs = torch.softmax(logprobs / r.temperature, dim=-1)  # log-probs are logits up to a shift
+        if r.saguaro is not None:
+            probs = r.saguaro.apply(probs, step)
+        draft_id = sample_from(probs[None], r.generator)[0]
+        return int(self.head.to_target_ids(draft_id)), self._to_target_q(probs)
+
     @torch.inference_mode()
-    def _chain(self, r: ProposeRequest) -> Speculation:
-        state, hidden, logprobs = self._catch_up(r)
-        tokens, qs = [], []
-        for step in range(r.num_tokens):
-            if r.temperature > 0:
-                probs = torch.softmax(logprobs / r.temperature, dim=-1)  # log-probs are logits up to a shift
-                if r.saguaro is not None:
-                    probs = r.saguaro.apply(probs, step)
-                draft_id = int(torch.multinomial(probs, 1, generator=r.generator)[0])
-                qs.append(self._to_target_q(probs))
-            else:
-                draft_id = int(logprobs.argmax())
-            token = int(self.head.to_target_ids(torch.tensor(draft_id)))
-            tokens.append(token)
-            if step < r.num_tokens - 1:
-                out, logits = self.head(torch.tensor([token]), hidden[None], state.cache)
-                hidden, logprobs = out[-1], torch.log_softmax(logits[-1].float(), dim=-1)
-        return Speculation(tokens, None, torch.stack(qs) if qs else None)
+    def _chains(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        """Chain drafts: catch-up per sequence, then one head forward per step for every sequence still drafting."""
+        caches, hidden, logprobs = [], [], []
+        for r in requests:
+            state, h, lp = self._catch_up(r)
+            caches.append(state.cache)
+            hidden.append(h)  # [d]
+            logprobs.append(lp)  # [Vd]
+        tokens: list[list[int]] = [[] for _ in requests]
+        qs: list[list[torch.Tensor]] = [[] for _ in requests]
+        for step in range(max((r.num_tokens for r in requests), default=0)):
+            active = [i for i, r in enumerate(requests) if step < r.num_tokens]
+            for i in active:
+                token, q = self._pick(requests[i], step, logprobs[i])
+                tokens[i].append(token)
+                if q is not None:
+                    qs[i].append(q)
+            active = [i for i in active if step < requests[i].num_tokens - 1]  # the last token needs no forward
+            if not active:
+                break
+            outs, logits = self.head.forward_many(
+                [torch.tensor([tokens[i][-1]]) for i in active], [hidden[i][None] for i in active],
+                [torch.tensor([caches[i].length]) for i in active],
+                [torch.ones(1, caches[i].length + 1, dtype=torch.bool) for i in active], [caches[i] for i in active])
+            for i, out, row in zip(active, outs, logits, strict=True):
+                hidden[i], logprobs[i] = out[0], torch.log_softmax(row[0].float(), dim=-1)
+        return [Speculation(t, None, torch.stack(q) if q else None) for t, q in zip(tokens, qs, strict=True)]
 
     @torch.inference_mode()
     def _tree(self, r: ProposeRequest, shape: TreeShape) -> Speculation:

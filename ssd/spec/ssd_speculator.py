@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ssd.sampling.sampler import sample_from
 from ssd.spec.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.spec.config import SsdConfig
 from ssd.spec.fanout import FanOutEstimator, fan_out_shape
@@ -31,7 +32,7 @@ def sample_branch_tokens(logits: torch.Tensor, temperature: float, top: int, c: 
                          generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
     """logits [M, V] -> one token per row and the q [M, V] it was drawn from (Saguaro-scaled by c on the top)."""
     probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [M, V]
-    return torch.multinomial(probs, 1, generator=generator)[:, 0].tolist(), probs
+    return sample_from(probs, generator).tolist(), probs
 
 
 @dataclass

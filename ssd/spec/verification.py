@@ -11,11 +11,12 @@ so the output is distributed exactly as p in every case.
 
 import torch
 
+from ssd.sampling.sampler import sample_from
 from ssd.spec.speculation import Outcome, Speculation
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:  # [V] -> token
-    return int(torch.multinomial(probs, 1, generator=generator)[0])
+    return int(sample_from(probs[None], generator)[0])
 
 
 def _uniform(generator: torch.Generator) -> float:

@@ -165,3 +165,33 @@ def test_packed_head_drafts_like_the_unpacked_one():
     loss = head.forward_train(ids[None], hidden[None])[1].logsumexp(-1).sum()  # training ignores the packing
     loss.backward()
     assert head.lm_head.weight.grad is not None
+
+
+def test_forward_many_equals_one_sequence_at_a_time():
+    head = tiny_head()
+    d = head.config.hidden_size
+    g = torch.Generator().manual_seed(3)
+    prefixes = [5, 2, 7]
+    caches, solo = [], []
+    for n in prefixes:  # two copies of each sequence's cache, filled alike
+        ids, hid = torch.randint(0, 96, (n,), generator=g), torch.randn(n, d, generator=g)
+        pair = (head.new_cache(), head.new_cache())
+        with torch.inference_mode():
+            for c in pair:
+                head(ids, hid, c)
+        caches.append(pair[0])
+        solo.append(pair[1])
+    new = [3, 1, 2]  # queries per sequence, with their own positions and masks
+    ids = [torch.randint(0, 96, (m,), generator=g) for m in new]
+    hid = [torch.randn(m, d, generator=g) for m in new]
+    pos = [torch.arange(n, n + m) for n, m in zip(prefixes, new, strict=True)]
+    masks = [torch.rand(m, n + m, generator=g) < 0.7 for n, m in zip(prefixes, new, strict=True)]
+    for mask in masks:
+        mask[:, 0] = True  # every query sees at least one key
+    with torch.inference_mode():
+        outs, logits = head.forward_many(ids, hid, pos, masks, caches)
+        for i in range(3):
+            out_i, logits_i = head.forward_masked(ids[i], hid[i], pos[i], masks[i], solo[i])
+            torch.testing.assert_close(outs[i], out_i, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(logits[i], logits_i, rtol=1e-5, atol=1e-5)
+            assert caches[i].length == solo[i].length == prefixes[i] + new[i]
