@@ -9,7 +9,7 @@ def test_frequencies_match_the_weights_row_by_row():
     weights = torch.tensor([[0.2, 0.0, 0.5, 0.3], [0.0, 4.0, 0.0, 1.0]])  # rows need not sum to 1
     g = torch.Generator().manual_seed(0)
     draws = torch.stack([sample_from(weights, g) for _ in range(20000)])  # [n, 2]
-    for row, want in enumerate((weights / weights.sum(-1, keepdim=True))):
+    for row, want in enumerate(weights / weights.sum(-1, keepdim=True)):
         freq = torch.bincount(draws[:, row], minlength=4).double() / len(draws)
         assert torch.allclose(freq, want.double(), atol=0.015), (row, freq)
         assert freq[want == 0].sum() == 0  # zero-weight tokens are never drawn
