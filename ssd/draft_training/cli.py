@@ -34,7 +34,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         target=_resolve(args.target), seed=args.seed, num_chat=args.num_chat, num_code_stubs=args.num_code_stubs,
         num_code_chat=args.num_code_chat, num_docs=args.num_docs, max_new_tokens=args.max_new_tokens,
         top_k=args.top_k, dtype=args.dtype, num_threads=args.threads, max_shards=args.max_data_shards,
-        generation_batch=args.generation_batch, shards_per_call=args.shards_per_call,
     )
     shards = generate_data(data, data_dir)
     if args.num_corpus_windows:
@@ -110,10 +109,6 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
                    help="generate only the first N shards of 64 prompts (a fixed prefix); default all 16")
     t.add_argument("--num-corpus-windows", type=int, default=512,
                    help="teacher-forced windows of real text (stdlib source, package docs); 0 = none")
-    t.add_argument("--generation-batch", type=int, default=64,
-                   help="sequences the target decodes together while making data (speed only)")
-    t.add_argument("--shards-per-call", type=int, default=1,
-                   help="data shards decoded in one continuously batched engine call (speed only)")
     t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")
     t.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="target dtype for data")
     t.add_argument("--threads", type=int, default=None)

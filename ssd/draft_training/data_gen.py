@@ -39,9 +39,7 @@ class DataConfig:
     max_new_tokens: int = 256
     temperature: float = 0.0  # the target's answers: greedy by default, like the default serving mode
     top_k: int = 16  # target log-probs kept per position
-    shard_size: int = 64  # prompts per shard file
-    generation_batch: int = 64  # sequences decoded together (continuous batching across shards)
-    shards_per_call: int = 1  # shards generated in one engine call, so the batch stays full until near the end
+    shard_size: int = 64  # prompts per shard (and per generation batch)
     max_shards: int | None = None  # use only the first shards (a prefix of the prompt list); None = all
     dtype: str = "bfloat16"
     num_threads: int | None = None
@@ -53,8 +51,7 @@ class DataConfig:
 
 def _check_manifest(cache: Path, config: DataConfig) -> None:
     want = {**asdict(config), "aux_layers": list(config.resolved_aux_layers())}
-    for speed_only in ("num_threads", "generation_batch", "shards_per_call"):
-        want.pop(speed_only)  # how fast a shard is made, never what it holds
+    want.pop("num_threads")
     want.pop("max_shards")  # limits how many shards get made, never what a shard holds
     path = cache / MANIFEST
     if path.is_file():
@@ -100,14 +97,6 @@ def write_shard(path: Path, prompts_ids: list[list[int]], answers: list[list[int
     return int(lengths.sum())
 
 
-def _kv_budget_mb(config: DataConfig) -> int:
-    """Enough KV cache for a full generation batch of the longest sequences (no preemption), at least 1 GiB."""
-    mc = load_model_config(Path(config.target))
-    per_token = mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * 2 * parse_dtype(config.dtype).itemsize
-    tokens = config.generation_batch * (config.max_prompt_tokens + config.max_new_tokens + 32)
-    return max(1024, -(-per_token * tokens // 2**20))
-
-
 def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     """Fill `cache` with every shard (skipping finished ones); returns the shard paths in order."""
     from ssd.llm import LLM  # the engine: heavy, imported when data is really generated
@@ -124,25 +113,19 @@ def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     log.info("draft data", prompts=len(prompts), shards=len(shards), to_generate=len(todo), cache=str(cache))
     if not todo:
         return [p for p in paths if p.is_file()]
-    llm = LLM(config.target, dtype=config.dtype, num_threads=config.num_threads, seed=config.seed,
-              max_num_seqs=config.generation_batch, kv_cache_memory_mb=_kv_budget_mb(config))
+    llm = LLM(config.target, dtype=config.dtype, num_threads=config.num_threads,
+              max_num_seqs=config.shard_size, seed=config.seed)
     extractor = TargetFeatureExtractor(Path(config.target), parse_dtype(config.dtype),
                                        config.resolved_aux_layers(), max_batch_tokens=2048)
     params = SamplingParams(temperature=config.temperature, max_tokens=config.max_new_tokens, seed=config.seed)
-    bar = tqdm(total=len(todo), desc="draft data (shards)", unit="shard")
-    step = max(1, config.shards_per_call)
-    for call in [todo[i : i + step] for i in range(0, len(todo), step)]:
+    bar = tqdm(todo, desc="draft data (shards)", unit="shard")
+    for i in bar:
         started = time.perf_counter()
-        encoded = {i: [ids for ids in (_encode(llm, p, config.max_prompt_tokens) for p in shards[i]) if ids]
-                   for i in call}
-        outputs = iter(llm.generate([ids for i in call for ids in encoded[i]], params))
-        for i in call:
-            answers = [next(outputs).token_ids for _ in encoded[i]]
-            num_tokens = write_shard(paths[i], encoded[i], answers, extractor, config.top_k)
-            bar.update(1)
-            bar.set_postfix(tokens=num_tokens)
-            log.info("shard written", shard=i, sequences=len(encoded[i]), tokens=num_tokens,
-                     answer_tokens=sum(map(len, answers)))
-        log.info("shards generated", shards=call, seconds=round(time.perf_counter() - started, 1))
-    bar.close()
+        encoded = [ids for ids in (_encode(llm, p, config.max_prompt_tokens) for p in shards[i]) if ids]
+        outputs = llm.generate(encoded, params)
+        answers = [o.token_ids for o in outputs]
+        num_tokens = write_shard(paths[i], encoded, answers, extractor, config.top_k)
+        bar.set_postfix(tokens=num_tokens)
+        log.info("shard written", shard=i, sequences=len(encoded), tokens=num_tokens,
+                 answer_tokens=sum(map(len, answers)), seconds=round(time.perf_counter() - started, 1))
     return [p for p in paths if p.is_file()]

@@ -282,12 +282,8 @@ class Eagle3Head(nn.Module):
                        mask: torch.Tensor, cache: HeadKVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Like `forward` for n new positions of one sequence, but with explicit RoPE `positions` [n] and an
         attention `mask` [n, cache.length + n] (True = may attend), e.g. all SSD tree branches of one depth."""
-        emb = self.embed_tokens(input_ids).to(hidden.dtype)[None]  # [1, n, d]
-        q, k, v = self.midlayer.qkv(emb, hidden[None], positions)
-        cache.append(k[0], v[0])
-        attn = attend(q, cache.k[None, : cache.length], cache.v[None, : cache.length], mask[None, None])  # [1, n, H*D]
-        out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
-        return out, self.logits(out)
+        outs, logits = self.forward_many([input_ids], [hidden], [positions], [mask], [cache])
+        return outs[0], logits[0]
 
     def forward_many(self, input_ids: list[torch.Tensor], hidden: list[torch.Tensor], positions: list[torch.Tensor],
                      masks: list[torch.Tensor], caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -308,6 +304,16 @@ class Eagle3Head(nn.Module):
         out = self.midlayer.finish(torch.cat(attn)[None], all_hidden)[0]  # [N, d]
         return list(out.split(sizes)), list(self.logits(out).split(sizes))
 
+    def decode_step(self, token_ids: list[int], hidden: list[torch.Tensor],
+                    caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One causal drafting step for each sequence: token_ids[i] with hidden[i] [d], appended to caches[i]
+        -> (out_hidden [d], draft logits [draft_vocab] float32) per sequence."""
+        outs, logits = self.forward_many(
+            [torch.tensor([t]) for t in token_ids], [h[None] for h in hidden],
+            [torch.tensor([c.length]) for c in caches],
+            [torch.ones(1, c.length + 1, dtype=torch.bool) for c in caches], caches)
+        return [o[0] for o in outs], [row[0] for row in logits]
+
     def forward_train(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                       attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Batched full-sequence causal forward: input_ids [B, L], hidden [B, L, d], attention_mask [B, L]
@@ -325,3 +331,9 @@ class Eagle3Head(nn.Module):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:  # [...] draft ids -> [...] target ids
         return draft_ids + self.d2t[draft_ids]
+
+    def to_target_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
+        """rows [n, draft_vocab] -> [n, vocab] float32, `fill` where the draft cannot go (-inf for logits, 0 for q)."""
+        full = torch.full((rows.shape[0], self.config.vocab_size), fill)
+        full[:, self.to_target_ids(torch.arange(self.config.draft_vocab_size))] = rows.float()
+        return full

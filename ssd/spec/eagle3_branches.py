@@ -20,13 +20,9 @@ class Eagle3BranchDrafter:
     def __init__(self, proposer: Eagle3Proposer) -> None:
         self.proposer = proposer
         self.glue_hidden: dict[int, tuple[int, torch.Tensor]] = {}  # seq id -> (L, [m+1, d] out_hidden per glue row)
-        head = proposer.head
-        self._target_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size))  # [Vd]
 
     def _to_target(self, logits: torch.Tensor) -> torch.Tensor:  # [n, Vd] -> [n, V] float32, -inf outside
-        full = torch.full((logits.shape[0], self.proposer.head.config.vocab_size), float("-inf"))
-        full[:, self._target_ids] = logits.float()
-        return full
+        return self.proposer.head.to_target_vocab(logits, float("-inf"))
 
     @torch.inference_mode()
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
@@ -41,15 +37,11 @@ class Eagle3BranchDrafter:
             rows.append([state.rows[-1][1]])  # per sequence: draft logits after 0..m glue steps, each [Vd]
         for step in range(max((len(r.speculation) for r in requests), default=0)):
             active = [i for i, r in enumerate(requests) if step < len(r.speculation)]
-            outs, logits = head.forward_many(
-                [torch.tensor([requests[i].speculation[step]]) for i in active],
-                [hiddens[i][-1][None] for i in active],
-                [torch.tensor([caches[i].length]) for i in active],
-                [torch.ones(1, caches[i].length + 1, dtype=torch.bool) for i in active],
-                [caches[i] for i in active])
+            outs, logits = head.decode_step([requests[i].speculation[step] for i in active],
+                                            [hiddens[i][-1] for i in active], [caches[i] for i in active])
             for i, out, row in zip(active, outs, logits, strict=True):
-                hiddens[i].append(out[0])
-                rows[i].append(row[0])
+                hiddens[i].append(out)
+                rows[i].append(row)
         for r, real, h in zip(requests, reals, hiddens, strict=True):
             self.glue_hidden[r.seq_id] = (real, torch.stack(h))  # (L, [m+1, d])
         return [self._to_target(torch.stack(r)) for r in rows]

@@ -87,13 +87,11 @@ class Eagle3Proposer:
         return state, hidden, torch.log_softmax(logits.float(), dim=-1)
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
-        chains = self._chains([r for r in requests if r.tree is None])
-        return [self._tree(r, r.tree) if r.tree is not None else chains.pop(0) for r in requests]
+        chains = iter(self._chains([r for r in requests if r.tree is None]))
+        return [self._tree(r, r.tree) if r.tree is not None else next(chains) for r in requests]
 
     def _to_target_q(self, probs: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [vocab]
-        q = torch.zeros(self.head.config.vocab_size)
-        q[self.head.to_target_ids(torch.arange(probs.shape[0]))] = probs.float()
-        return q
+        return self.head.to_target_vocab(probs[None], 0.0)[0]
 
     def _pick(self, r: ProposeRequest, step: int, logprobs: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next draft token (target id) from draft log-probs [Vd], and its q [V] when sampling."""
@@ -126,12 +124,10 @@ class Eagle3Proposer:
             active = [i for i in active if step < requests[i].num_tokens - 1]  # the last token needs no forward
             if not active:
                 break
-            outs, logits = self.head.forward_many(
-                [torch.tensor([tokens[i][-1]]) for i in active], [hidden[i][None] for i in active],
-                [torch.tensor([caches[i].length]) for i in active],
-                [torch.ones(1, caches[i].length + 1, dtype=torch.bool) for i in active], [caches[i] for i in active])
+            outs, logits = self.head.decode_step([tokens[i][-1] for i in active], [hidden[i] for i in active],
+                                                 [caches[i] for i in active])
             for i, out, row in zip(active, outs, logits, strict=True):
-                hidden[i], logprobs[i] = out[0], torch.log_softmax(row[0].float(), dim=-1)
+                hidden[i], logprobs[i] = out, torch.log_softmax(row.float(), dim=-1)
         return [Speculation(t, None, torch.stack(q) if q else None) for t, q in zip(tokens, qs, strict=True)]
 
     @torch.inference_mode()
