@@ -8,6 +8,8 @@ from pathlib import Path
 
 import structlog
 
+from ssd.errors import InvalidRequestError
+
 log = structlog.get_logger(__name__)
 
 
@@ -46,11 +48,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     from ssd.draft_training.trainer import TrainConfig, train_head
 
+    max_train_minutes = _train_minutes(args.max_train_minutes, args.max_total_minutes, data_s)
     train = TrainConfig(
         target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
         num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
         max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
-        max_train_minutes=args.max_train_minutes,
+        max_train_minutes=max_train_minutes,
     )
     summary = train_head(train, shards, out, work / "checkpoints")
     num_generated = sum(1 for p in shards if p.name.startswith("shard-"))
@@ -66,6 +69,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("train-draft done", **summary)
     return 0
+
+
+# Loading the data, the last validation pass and saving the head take about this long after training stops.
+TRAIN_OVERHEAD_MINUTES = 3.0
+
+
+def _train_minutes(max_train: float | None, max_total: float | None, data_seconds: float) -> float | None:
+    """The training time cap: --max-train-minutes, tightened so data + training fit in --max-total-minutes."""
+    if max_total is None:
+        return max_train
+    left = max_total - data_seconds / 60 - TRAIN_OVERHEAD_MINUTES
+    if left < 1.0:
+        raise InvalidRequestError(f"--max-total-minutes {max_total:g} leaves no time to train: the data stage "
+                                  f"took {data_seconds / 60:.1f} minutes")
+    capped = round(left if max_train is None else min(max_train, left), 1)
+    log.info("training time capped", max_train_minutes=capped, max_total_minutes=max_total,
+             data_minutes=round(data_seconds / 60, 1))
+    return capped
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -121,6 +142,8 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-draft-vocab", type=int, default=12288)
     t.add_argument("--prompt-loss-weight", type=float, default=0.3)
     t.add_argument("--max-train-minutes", type=float, default=None, help="stop training after this long")
+    t.add_argument("--max-total-minutes", type=float, default=None,
+                   help="time budget for data + training: training stops early enough for the whole run to fit")
     t.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("eval-draft", help="acceptance of a draft head on held-out MT-Bench + HumanEval prompts")

@@ -220,7 +220,8 @@ def _resume(head: Eagle3Head, optimizer: torch.optim.Optimizer, folder: Path, co
     if not path.is_file():
         return 0
     state = torch.load(path, weights_only=False)
-    if state["config"] != asdict(config):
+    same = lambda c: {k: v for k, v in c.items() if k != "max_train_minutes"}  # noqa: E731 - a time cap trains the same
+    if same(state["config"]) != same(asdict(config)):
         log.warning("checkpoint was trained with other options; starting over", checkpoint=str(path))
         return 0
     head.load_state_dict(state["head"])

@@ -36,7 +36,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
-        self.kv_cache = kv_cache  # [L, 2, num_slots, KVH, D]
+        self.kv_cache = kv_cache  # [L, 2, KVH, num_slots, D]
 
     def slots(self, block_table: list[int], positions: torch.Tensor) -> torch.Tensor:
         table = torch.tensor(block_table, dtype=torch.long)
@@ -107,4 +107,4 @@ class ModelRunner:
             return
         src_slots = self.slots(block_table, torch.tensor([s for s, _ in pairs])).to(self.device)
         dst_slots = self.slots(block_table, torch.tensor([d for _, d in pairs])).to(self.device)
-        self.kv_cache[:, :, dst_slots] = self.kv_cache[:, :, src_slots]
+        self.kv_cache[:, :, :, dst_slots] = self.kv_cache[:, :, :, src_slots]

@@ -38,7 +38,7 @@ class ModelWorker:
         mc = self.model_config
         shape = KVCacheShape(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, block_size, self.dtype)
         self.num_blocks = shape.num_blocks_for(kv_cache_memory_mb * 2**20)
-        self.kv_cache = allocate_kv_cache(self.model, shape, self.num_blocks, self.device)  # [L, 2, slots, KVH, D]
+        self.kv_cache = allocate_kv_cache(self.model, shape, self.num_blocks, self.device)  # [L, 2, KVH, slots, D]
         self.block_manager = BlockManager(self.num_blocks, block_size, enable_prefix_caching)
         self.runner = ModelRunner(self.model, block_size, self.device, self.kv_cache)
         self.load_s = time.perf_counter() - started

@@ -32,9 +32,10 @@ class KVCacheShape:
 
 
 def allocate_kv_cache(model: nn.Module, shape: KVCacheShape, num_blocks: int, device: torch.device) -> torch.Tensor:
-    """One tensor [L, 2, num_blocks*block_size, KVH, D]; each Attention layer gets its contiguous slice."""
+    """One head-major tensor [L, 2, KVH, num_blocks*block_size, D]; each Attention layer gets its contiguous slice."""
     num_slots = num_blocks * shape.block_size
-    cache = torch.zeros(shape.num_layers, 2, num_slots, shape.num_kv_heads, shape.head_dim, dtype=shape.dtype, device=device)
+    cache = torch.zeros(shape.num_layers, 2, shape.num_kv_heads, num_slots, shape.head_dim, dtype=shape.dtype,
+                        device=device)
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if len(layers) != shape.num_layers:
         raise RuntimeError(f"model has {len(layers)} attention layers, cache was shaped for {shape.num_layers}")

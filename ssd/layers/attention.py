@@ -1,7 +1,10 @@
 """Paged attention: write new K/V into the paged cache, then attend over each sequence's slots.
 
-The CPU path is plain torch (gather + scaled_dot_product_attention). A kernel plugs in by
-replacing `paged_attention` for the devices it supports; the reference stays for the others.
+The cache is head-major, [2, KVH, num_slots, D] per layer, so gathering a batch's slots gives
+[KVH, B, S, D] blocks that batched matmuls read in place (a slot-major cache needed a transpose copy
+after the gather, which cost more than the gather itself at large batch). The CPU path is plain torch
+(gather + matmuls or scaled_dot_product_attention). A kernel plugs in by replacing `paged_attention`
+for the devices it supports; the reference stays for the others.
 """
 
 import torch
@@ -14,11 +17,11 @@ from ssd.context import ForwardContext, get_forward_context
 def store_kv(
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,  # [T, KVH, D]
-    kv_cache: torch.Tensor,  # [2, num_slots, KVH, D]
+    kv_cache: torch.Tensor,  # [2, KVH, num_slots, D]
     slot_mapping: torch.Tensor,  # [T]
 ) -> None:
-    kv_cache[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    kv_cache[0].index_copy_(1, slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
+    kv_cache[1].index_copy_(1, slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
 
 
 # Up to this many queries per sequence (decode, verify, tree steps) plain matmuls beat torch's CPU
@@ -46,24 +49,45 @@ def matmul_attention(
     return out.transpose(1, 2)  # [B, Q, H, D]
 
 
+def head_major_attention(
+    q: torch.Tensor,  # [B, Q, H, D]
+    k: torch.Tensor,  # [KVH, B, S, D]
+    v: torch.Tensor,  # [KVH, B, S, D]
+    mask: torch.Tensor | None,  # [B, 1, Q, S] bool
+    scale: float,
+) -> torch.Tensor:  # [B, Q, H, D]
+    """`matmul_attention` over head-major keys: the batched matmuls run over (KVH, B) with no K/V copy."""
+    b, nq, h, d = q.shape
+    kvh = k.shape[0]
+    g = h // kvh  # query heads per KV head; head i reads KV head i // g
+    qh = q.view(b, nq, kvh, g, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, g * nq, d)  # [KVH, B, G*Q, D]
+    scores = (qh @ k.transpose(-1, -2)).float().view(kvh, b, g, nq, -1) * scale  # [KVH, B, G, Q, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask[None], float("-inf"))  # mask [1, B, 1, Q, S]
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(kvh, b, g * nq, -1)  # [KVH, B, G*Q, S]
+    out = (probs @ v).view(kvh, b, g, nq, d)  # [KVH, B, G, Q, D]
+    return out.permute(1, 3, 0, 2, 4).reshape(b, nq, h, d)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
-    kv_cache: torch.Tensor,  # [2, num_slots, KVH, D]
+    kv_cache: torch.Tensor,  # [2, KVH, num_slots, D]
     ctx: ForwardContext,
     scale: float,
 ) -> torch.Tensor:  # [T, H, D]
-    """Reference path: pad queries per sequence, gather each sequence's keys, one batched SDPA."""
+    """Reference path: pad queries per sequence, gather each sequence's keys, one batched attention."""
     num_seqs, num_keys = ctx.kv_slots.shape
-    kv = kv_cache.index_select(1, ctx.kv_slots.view(-1))  # [2, B*S, KVH, D]
-    kv = kv.view(2, num_seqs, num_keys, *kv.shape[2:]).transpose(2, 3)  # [2, B, KVH, S, D]
+    _, kvh, num_slots, d = kv_cache.shape
+    flat = kv_cache.view(2 * kvh, num_slots, d)  # gathering along dim 1 of a 3-D view is ~2x faster than of 4-D
+    kv = flat.index_select(1, ctx.kv_slots.view(-1)).view(2, kvh, num_seqs, num_keys, d)  # [2, KVH, B, S, D]
     uniform = ctx.query_index is None
     qp = q.view(num_seqs, -1, *q.shape[1:]) if uniform else q[ctx.query_index]  # [B, Q, H, D]
     if qp.shape[1] <= MAX_MATMUL_QUERIES:
-        out = matmul_attention(qp, kv[0], kv[1], ctx.attn_mask, scale)  # [B, Q, H, D]
+        out = head_major_attention(qp, kv[0], kv[1], ctx.attn_mask, scale)  # [B, Q, H, D]
     else:
         out = F.scaled_dot_product_attention(
-            qp.transpose(1, 2), kv[0], kv[1], attn_mask=ctx.attn_mask, scale=scale,
-            enable_gqa=qp.shape[2] != kv.shape[2],
+            qp.transpose(1, 2), kv[0].transpose(0, 1), kv[1].transpose(0, 1), attn_mask=ctx.attn_mask,
+            scale=scale, enable_gqa=qp.shape[2] != kvh,
         ).transpose(1, 2)  # [B, Q, H, D]
     return out.reshape(q.shape) if uniform else out[ctx.token_batch, ctx.token_offset]  # [T, H, D]
 
@@ -77,7 +101,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
-        self.kv_cache = torch.empty(0)  # [2, num_slots, KVH, D], bound by the runner
+        self.kv_cache = torch.empty(0)  # [2, KVH, num_slots, D], bound by the runner
 
     def forward(
         self,
