@@ -29,34 +29,16 @@ def store_kv(
 MAX_MATMUL_QUERIES = 16
 
 
-def matmul_attention(
-    q: torch.Tensor,  # [B, Q, H, D]
-    k: torch.Tensor,  # [B, KVH, S, D]
-    v: torch.Tensor,  # [B, KVH, S, D]
-    mask: torch.Tensor | None,  # [B, 1, Q, S] bool
-    scale: float,
-) -> torch.Tensor:  # [B, Q, H, D]
-    """Grouped-query attention as two batched matmuls; scores and softmax in float32."""
-    b, nq, h, d = q.shape
-    kvh = k.shape[1]
-    g = h // kvh  # query heads per KV head; head i reads KV head i // g
-    qg = q.permute(0, 2, 1, 3).reshape(b, kvh, g * nq, d)  # [B, KVH, G*Q, D]
-    scores = (qg @ k.transpose(-1, -2)).float().view(b, kvh, g, nq, -1) * scale  # [B, KVH, G, Q, S]
-    if mask is not None:
-        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, kvh, g * nq, -1)  # [B, KVH, G*Q, S]
-    out = (probs @ v).view(b, h, nq, d)  # [B, H, Q, D]
-    return out.transpose(1, 2)  # [B, Q, H, D]
-
-
 def head_major_attention(
     q: torch.Tensor,  # [B, Q, H, D]
     k: torch.Tensor,  # [KVH, B, S, D]
     v: torch.Tensor,  # [KVH, B, S, D]
-    mask: torch.Tensor | None,  # [B, 1, Q, S] bool
+    mask: torch.Tensor | None,  # [B|1, 1, Q, S] bool, True = may attend
     scale: float,
 ) -> torch.Tensor:  # [B, Q, H, D]
-    """`matmul_attention` over head-major keys: the batched matmuls run over (KVH, B) with no K/V copy."""
+    """Grouped-query attention as two batched matmuls over (KVH, B); scores and softmax in float32.
+
+    Head-major keys make every [S, D] block contiguous, so the matmuls read them in place."""
     b, nq, h, d = q.shape
     kvh = k.shape[0]
     g = h // kvh  # query heads per KV head; head i reads KV head i // g

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.errors import CheckpointError
-from ssd.layers.attention import matmul_attention
+from ssd.layers.attention import head_major_attention
 from ssd.layers.linear import onednn_pack, packed_linear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
@@ -150,7 +150,8 @@ class HeadKVCache:
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, S, KVH, D], mask [B|1, 1, T, S] bool (True = may attend) -> [B, T, H*D]."""
     if q.shape[1] <= 16 and not torch.is_grad_enabled():  # drafting: two matmuls beat CPU SDPA for few queries
-        return matmul_attention(q, k.transpose(1, 2), v.transpose(1, 2), mask, q.shape[-1] ** -0.5).flatten(2)
+        k_heads, v_heads = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # [KVH, B, S, D]
+        return head_major_attention(q, k_heads, v_heads, mask, q.shape[-1] ** -0.5).flatten(2)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
         scale=q.shape[-1] ** -0.5, enable_gqa=q.shape[2] != k.shape[2],
