@@ -95,3 +95,15 @@ def temperature_rounds(head: Eagle3Head, trace: TraceLike, k: int, temperature: 
         cache.truncate(n)
         rows.append(torch.stack(alphas))
     return torch.stack(rows) if rows else torch.zeros(0, k)
+
+
+def teacher_forced_hits(head: Eagle3Head, trace: TraceLike) -> tuple[int, int]:
+    """(hits, positions): the head's top-1 against the target's next token at every answer position, with true
+    features everywhere. Rounds in `simulate_chain` start only after a rejection (harder positions); this
+    is the number to compare with the training log's validation top-1."""
+    tokens = trace.tokens
+    fused = head.fuse(trace.features.to(head.fc.weight.dtype))  # [T, d]
+    _, logits = head(tokens[1:], fused[:-1], head.new_cache(len(tokens)))  # row j predicts x_{j+2}
+    rows = torch.arange(trace.prompt_len - 1, len(tokens) - 2)  # predictions of the answer tokens x_{P+1}..
+    predicted = head.to_target_ids(logits[rows].argmax(-1))
+    return int((predicted == tokens[rows + 2]).sum()), len(rows)

@@ -15,7 +15,7 @@ import structlog
 import torch
 from tqdm.auto import tqdm
 
-from ssd.draft_training.chain_sim import ChainStats, simulate_chain, temperature_rounds
+from ssd.draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
 from ssd.draft_training.target_features import TargetFeatureExtractor
 from ssd.draft_training.tree_sim import simulate_tree
 from ssd.loader.eagle3_checkpoint import load_eagle3_config, load_eagle3_head
@@ -86,6 +86,8 @@ def evaluate_head(config: EvalConfig, prompts: list[HeldOutPrompt]) -> dict[str,
     generated = torch.cat([t.tokens[t.prompt_len :] for t in traces])
     report["draft_vocab_coverage_heldout"] = round(float(head.t2d[generated].float().mean()), 4)
     with torch.no_grad():
+        hits = [teacher_forced_hits(head, t) for t in traces]
+        report["teacher_forced_top1"] = round(sum(h for h, _ in hits) / max(1, sum(n for _, n in hits)), 4)
         chains = {}
         for k in tqdm(range(1, config.max_k + 1), desc="chain K"):
             stats = ChainStats(k)
@@ -124,7 +126,8 @@ def _by_dataset(head: torch.nn.Module, traces: list[Trace], config: EvalConfig) 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"sequences: {report['num_sequences']}, generated tokens: {report['num_generated_tokens']}, "
-             f"held-out draft-vocab coverage: {report['draft_vocab_coverage_heldout']}", "",
+             f"held-out draft-vocab coverage: {report['draft_vocab_coverage_heldout']}, teacher-forced top-1 at "
+             f"every answer position: {report.get('teacher_forced_top1', '-')}", "",
              "| K | mean tokens / round | acceptance per position (conditional) |", "|---|---|---|"]
     for k, s in report["chain"].items():
         lines.append(f"| {k} | {s['mean_tokens_per_round']:.3f} | {' '.join(f'{a:.2f}' for a in s['acceptance_per_position'])} |")

@@ -40,6 +40,8 @@ def render_model_card(name: str, target: str, command: str, summary: dict[str, A
         f"{report['num_generated_tokens']} generated tokens). Command: "
         f"`ssd eval-draft --target {target} --draft <this folder>`.", "",
         *_chain_table(report), "",
+        *([f"- Teacher-forced top-1 at every held-out answer position (true features throughout; compare the "
+           f"validation top-1 above): {report['teacher_forced_top1']:.2f}."] if "teacher_forced_top1" in report else []),
         f"- Token tree (best-first, top-{tree['branching']} children per node, {tree['budget']} draft tokens): "
         f"**{tree['mean_tokens_per_round']:.2f}** tokens / round (greedy).",
         f"- Temperature {temp['temperature']}, chain K={temp['k']} (expected, Σ min(p, q) per position along the "

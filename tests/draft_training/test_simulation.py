@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssd.draft_training.chain_sim import ChainStats, simulate_chain, temperature_rounds
+from ssd.draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
 from ssd.draft_training.target_features import TargetFeatureExtractor
 from ssd.draft_training.tree_sim import simulate_tree
 from tests.models.test_eagle3 import tiny_head
@@ -78,3 +78,14 @@ def test_feature_capture_is_batch_invariant(tiny_llama):
         assert a.features.shape == (len(s), 3 * 64) and a.logits.shape == (len(s), 96)
         torch.testing.assert_close(a.features, b.features, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_teacher_forced_top1_counts_the_heads_prediction_with_true_features():
+    head = tiny_head()
+    trace = _trace(head, length=8, prompt_len=6, is_oracle=True)  # x_7 is the head's greedy guess after the prompt
+    with torch.no_grad():
+        assert teacher_forced_hits(head, trace) == (1, 1)
+        guess = int(trace.tokens[7])
+        candidates = head.to_target_ids(torch.arange(2))  # two target ids the draft vocabulary holds
+        trace.tokens[7] = candidates[0] if int(candidates[0]) != guess else candidates[1]
+        assert teacher_forced_hits(head, trace) == (0, 1)
