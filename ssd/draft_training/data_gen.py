@@ -1,14 +1,12 @@
 """Self-distillation data: the target answers the training prompts, then one teacher-forced forward over
 prompt + answer captures its features and top-k next-token log-probabilities, stored as shards on disk.
 
-The engine answers all missing shards' prompts as one continuous stream (its batch stays full) and each shard
-is captured as soon as its last answer is in. Resumable: each shard (a fixed slice of the deterministic prompt
-list) is written atomically and skipped when present; the cache folder's manifest must match the options, so a stale cache is never mixed in.
+Resumable: each shard (a fixed slice of the deterministic prompt list) is written atomically and skipped
+when present; the cache folder's manifest must match the options, so a stale cache is never mixed in.
 """
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,7 +39,7 @@ class DataConfig:
     max_new_tokens: int = 256
     temperature: float = 0.0  # the target's answers: greedy by default, like the default serving mode
     top_k: int = 16  # target log-probs kept per position
-    shard_size: int = 64  # prompts per shard, and sequences the engine decodes at once
+    shard_size: int = 64  # prompts per shard (and per generation batch)
     max_shards: int | None = None  # use only the first shards (a prefix of the prompt list); None = all
     dtype: str = "bfloat16"
     num_threads: int | None = None
@@ -120,37 +118,14 @@ def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     extractor = TargetFeatureExtractor(Path(config.target), parse_dtype(config.dtype),
                                        config.resolved_aux_layers(), max_batch_tokens=2048)
     params = SamplingParams(temperature=config.temperature, max_tokens=config.max_new_tokens, seed=config.seed)
-    encoded = {i: [ids for ids in (_encode(llm, p, config.max_prompt_tokens) for p in shards[i]) if ids] for i in todo}
-    if not all(encoded.values()):
-        raise InvalidRequestError(f"every prompt of shard(s) {[i for i, e in encoded.items() if not e]} is longer "
-                                  f"than --max-prompt-tokens {config.max_prompt_tokens}")
-    bar = tqdm(total=len(todo), desc="draft data (shards)", unit="shard")
-    started = time.perf_counter()
-    for i, answers in _answer_continuously(llm.engine, encoded, params):
-        num_tokens = write_shard(paths[i], encoded[i], answers, extractor, config.top_k)
-        bar.update(1)
+    bar = tqdm(todo, desc="draft data (shards)", unit="shard")
+    for i in bar:
+        started = time.perf_counter()
+        encoded = [ids for ids in (_encode(llm, p, config.max_prompt_tokens) for p in shards[i]) if ids]
+        outputs = llm.generate(encoded, params)
+        answers = [o.token_ids for o in outputs]
+        num_tokens = write_shard(paths[i], encoded, answers, extractor, config.top_k)
         bar.set_postfix(tokens=num_tokens)
-        log.info("shard written", shard=i, sequences=len(answers), tokens=num_tokens,
-                 answer_tokens=sum(map(len, answers)), seconds_since_start=round(time.perf_counter() - started, 1))
-    bar.close()
+        log.info("shard written", shard=i, sequences=len(encoded), tokens=num_tokens,
+                 answer_tokens=sum(map(len, answers)), seconds=round(time.perf_counter() - started, 1))
     return [p for p in paths if p.is_file()]
-
-
-def _answer_continuously(engine, prompts: dict[int, list[list[int]]],  # type: ignore[no-untyped-def]
-                         params) -> Iterator[tuple[int, list[list[int]]]]:
-    """Queue every shard's prompts at once, so the engine keeps its batch full while stragglers finish (a batch
-    per shard ran mostly half-empty at its end); yield (shard, answers in prompt order) as each shard completes."""
-    owner: dict[int, tuple[int, int]] = {}  # seq id -> (shard, index in the shard)
-    answers = {i: [[] for _ in ids] for i, ids in prompts.items()}
-    left = {i: len(ids) for i, ids in prompts.items()}
-    for i, shard in prompts.items():
-        for j, ids in enumerate(shard):
-            owner[engine.add_request(ids, params)] = (i, j)
-    while engine.has_unfinished():
-        for out in engine.step():
-            i, j = owner[out.seq_id]
-            answers[i][j].extend(out.new_token_ids)
-            if out.finish_reason is not None:
-                left[i] -= 1
-                if left[i] == 0:
-                    yield i, answers.pop(i)
