@@ -215,13 +215,17 @@ def _save_checkpoint(head: Eagle3Head, optimizer: torch.optim.Optimizer, step: i
     tmp.rename(folder / "latest.pt")
 
 
+def _trained_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The options that decide what a checkpoint holds; a time cap only decides when training stops."""
+    return {k: v for k, v in config.items() if k != "max_train_minutes"}
+
+
 def _resume(head: Eagle3Head, optimizer: torch.optim.Optimizer, folder: Path, config: TrainConfig) -> int:
     path = folder / "latest.pt"
     if not path.is_file():
         return 0
     state = torch.load(path, weights_only=False)
-    same = lambda c: {k: v for k, v in c.items() if k != "max_train_minutes"}  # noqa: E731 - a time cap trains the same
-    if same(state["config"]) != same(asdict(config)):
+    if _trained_options(state["config"]) != _trained_options(asdict(config)):
         log.warning("checkpoint was trained with other options; starting over", checkpoint=str(path))
         return 0
     head.load_state_dict(state["head"])

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.errors import CheckpointError
-from ssd.layers.attention import head_major_attention
+from ssd.layers.attention import MAX_MATMUL_QUERIES, head_major_attention
 from ssd.layers.linear import onednn_pack, packed_linear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
@@ -149,7 +149,7 @@ class HeadKVCache:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, S, KVH, D], mask [B|1, 1, T, S] bool (True = may attend) -> [B, T, H*D]."""
-    if q.shape[1] <= 16 and not torch.is_grad_enabled():  # drafting: two matmuls beat CPU SDPA for few queries
+    if q.shape[1] <= MAX_MATMUL_QUERIES and not torch.is_grad_enabled():  # drafting: matmuls beat CPU SDPA
         k_heads, v_heads = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # [KVH, B, S, D]
         return head_major_attention(q, k_heads, v_heads, mask, q.shape[-1] ** -0.5).flatten(2)
     out = F.scaled_dot_product_attention(
