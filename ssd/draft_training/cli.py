@@ -34,7 +34,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     data_dir = work / "data"
     data = DataConfig(
         target=_resolve(args.target), seed=args.seed, num_chat=args.num_chat, num_code_stubs=args.num_code_stubs,
-        num_code_chat=args.num_code_chat, num_docs=args.num_docs, max_new_tokens=args.max_new_tokens,
+        num_code_chat=args.num_code_chat, num_docs=args.num_docs, num_tasks=args.num_tasks,
+        max_new_tokens=args.max_new_tokens,
         top_k=args.top_k, dtype=args.dtype, num_threads=args.threads, max_shards=args.max_data_shards,
     )
     shards = generate_data(data, data_dir)
@@ -60,7 +61,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary.update(
         data_seconds=round(data_s), total_seconds=round(time.perf_counter() - started), top_k=args.top_k,
         command="ssd " + " ".join(sys.argv[1:]),
-        data_description=(f"{num_generated} shard(s) x 64 training prompts (templates x topics, standard-library "
+        data_description=(f"{num_generated} shard(s) x 64 training prompts (templates x topics, generated tasks "
+                          f"(extraction, math, reasoning, role-play, constrained writing, editing), standard-library "
                           f"function stubs and code questions, package docs) answered greedily by the target "
                           f"(<= {args.max_new_tokens} tokens), plus {args.num_corpus_windows} teacher-forced "
                           "384-token windows of standard-library source and package descriptions. "
@@ -121,13 +123,15 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
                    help="feature cache and checkpoints (resumable); default <cache>/draft-training/<OUT name>")
     t.add_argument("--data-only", action="store_true", help="stop after generating the training data")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--num-chat", type=int, default=560)
+    t.add_argument("--num-chat", type=int, default=400)
     t.add_argument("--num-code-stubs", type=int, default=176)
     t.add_argument("--num-code-chat", type=int, default=208)
     t.add_argument("--num-docs", type=int, default=80)
+    t.add_argument("--num-tasks", type=int, default=320,
+                   help="generated MT-Bench-like requests (extraction, math, reasoning, role-play, writing, ...)")
     t.add_argument("--max-new-tokens", type=int, default=256)
     t.add_argument("--max-data-shards", type=int, default=None,
-                   help="generate only the first N shards of 64 prompts (a fixed prefix); default all 16")
+                   help="generate only the first N shards of 64 prompts (a fixed prefix); default all 19")
     t.add_argument("--num-corpus-windows", type=int, default=512,
                    help="teacher-forced windows of real text (stdlib source, package docs); 0 = none")
     t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")

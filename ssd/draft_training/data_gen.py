@@ -31,10 +31,11 @@ MANIFEST = "manifest.json"
 class DataConfig:
     target: str  # target checkpoint folder
     seed: int = 0
-    num_chat: int = 560  # template x topic instructions
+    num_chat: int = 400  # template x topic instructions
     num_code_stubs: int = 176  # raw standard-library function stubs to complete
     num_code_chat: int = 208  # chat requests about standard-library functions
     num_docs: int = 80  # package documentation to summarize
+    num_tasks: int = 320  # MT-Bench-like generated tasks (extraction, math, reasoning, role-play, writing, ...)
     max_prompt_tokens: int = 384  # longer prompts are cut (raw stubs) or skipped (chat)
     max_new_tokens: int = 256
     temperature: float = 0.0  # the target's answers: greedy by default, like the default serving mode
@@ -105,7 +106,7 @@ def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     cache = Path(cache)
     _check_manifest(cache, config)
     prompts = build_training_prompts(config.seed, config.num_chat, config.num_code_stubs,
-                                     config.num_code_chat, config.num_docs)
+                                     config.num_code_chat, config.num_docs, config.num_tasks)
     shards = [prompts[i : i + config.shard_size] for i in range(0, len(prompts), config.shard_size)]
     shards = shards[: config.max_shards]
     paths = [cache / f"shard-{i:05d}.safetensors" for i in range(len(shards))]

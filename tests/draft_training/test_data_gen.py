@@ -7,7 +7,7 @@ from ssd.draft_training.data_gen import DataConfig, generate_data
 
 
 def test_shards_are_written_once_and_reused(default_model_path, tmp_path):
-    config = DataConfig(target=str(default_model_path), num_chat=3, num_code_stubs=1, num_code_chat=0, num_docs=0,
+    config = DataConfig(target=str(default_model_path), num_chat=3, num_code_stubs=1, num_code_chat=0, num_docs=0, num_tasks=0,
                         max_new_tokens=6, shard_size=2, dtype="float32")
     paths = generate_data(config, tmp_path / "data")
     assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
