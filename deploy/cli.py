@@ -15,6 +15,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
     s.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    s.add_argument("--device", default="cpu",
+                   help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
     s.add_argument("--targets", type=int, default=1, help="target replicas")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
@@ -31,7 +33,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from deploy.local import StackConfig, start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
 
     config = StackConfig(model=args.model, draft=None if args.draft == "none" else args.draft, dtype=args.dtype,
-                         num_targets=args.targets, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
+                         device=args.device, num_targets=args.targets, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
                          default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)

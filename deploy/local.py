@@ -31,6 +31,7 @@ class StackConfig:
     model: str  # target checkpoint folder or known name
     draft: str | None = "ngram"  # None = no draft service (ar only)
     dtype: str = "bfloat16"
+    device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
     http_port: int = 8000
     grpc_port: int = 50050
@@ -89,7 +90,7 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
     c = stack.config
     stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
     args = ["draft_service", "--draft", c.draft, "--address", stack.draft_address, "--dtype", c.dtype,
-            "--threads", "1"]
+            "--device", c.device, "--threads", "1"]
     if c.draft != "ngram":
         args += ["--target-model", c.model]
     child = spawn("draft", args, stack.draft_address, core, c.log_dir)
@@ -101,7 +102,8 @@ def start_target(stack: Stack, index: int, core: int | None) -> Child:
     c = stack.config
     address = f"127.0.0.1:{free_port()}"
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
-            "--dtype", c.dtype, "--threads", "1", "--k", str(c.k), "--default-mode", c.default_mode,
+            "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
+            "--default-mode", c.default_mode,
             "--draft-timeout-s", str(c.draft_timeout_s)]
     if stack.draft_address:
         args += ["--draft-address", stack.draft_address]
@@ -151,7 +153,7 @@ def wait_healthy(children: list[Child], timeout_s: float) -> None:
 def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     """Start every service and return once all report SERVING (and the gateway sees a target)."""
     stack = Stack(config)
-    cores = _cores()
+    cores = _cores() if config.device == "cpu" else []  # on a GPU the services are not pinned
     next_core = iter(cores if len(cores) > 1 else [])
     try:
         if config.draft is not None:

@@ -5,6 +5,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.spec.config import BACKUP_KINDS, SsdConfig
 from ssd.spec.fanout import FAN_OUT_KINDS
@@ -16,6 +17,7 @@ class DraftServiceConfig:
     target_model: str | None = None  # the target checkpoint an EAGLE-3 head drafts for (its embedding + config)
     address: str = "127.0.0.1:50052"  # host:port to listen on
     dtype: str = "float32"  # draft weights dtype
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the draft runs
     num_threads: int = 1  # torch intra-op threads
     kv_cache_memory_mb: int = 256  # the draft's own KV budget
     block_size: int = 16  # tokens per draft KV block
@@ -26,6 +28,8 @@ class DraftServiceConfig:
     log_json: bool = True
 
     def __post_init__(self) -> None:
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.num_threads < 1 or self.kv_cache_memory_mb < 1 or self.block_size < 1:
             raise InvalidRequestError("threads, KV memory and block size must be >= 1")
         if self.ssd.backup_max_neural_batch < 0:
@@ -40,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
                    help="target checkpoint folder or known model name (needed by EAGLE-3 heads)")
     p.add_argument("--address", default=env.get("SSD_DRAFT_ADDRESS", "127.0.0.1:50052"))
     p.add_argument("--dtype", default=env.get("SSD_DRAFT_DTYPE", "float32"), choices=["float32", "bfloat16"])
+    p.add_argument("--device", default=env.get("SSD_DRAFT_DEVICE", "cpu"), help="where the draft runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))
     add_ssd_flags(p, env)
@@ -50,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
         ssd = SsdConfig(fan_out_budget=a.fan_out_budget, fan_out=a.fan_out, backup=a.backup,
                         backup_max_neural_batch=a.backup_max_neural_batch, saguaro_c=a.saguaro_c)
         return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
+                                  device=a.device,
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
                                   log_level=a.log_level, log_json=not a.log_text)
     except InvalidRequestError as e:

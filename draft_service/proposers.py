@@ -36,22 +36,25 @@ class ServiceDraft:
     vocab_size: int  # 0 = any vocabulary (n-gram)
     feature_width: int = 0  # F of the target features [n, F] the proposer drafts from; 0 = needs none
     ssd: SsdSpeculator | None = None  # wraps `proposer` for SSD sequences (neural drafts); None = plain SD only
+    device: torch.device = torch.device("cpu")  # where the draft's model lives (features are decoded there)
 
 
 def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     if config.draft == "ngram":
         return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
+    device = torch.device(config.device)
     path = resolve_model(config.draft)
     if is_eagle3_folder(path):
         draft = build_eagle3(path, config)
     else:
         vocab = load_model_config(path).vocab_size
         draft = ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
-                                                kv_cache_memory_mb=config.kv_cache_memory_mb), vocab)
+                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device),
+                             vocab, device=device)
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
     log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
              backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
-    return replace(draft, ssd=ssd)
+    return replace(draft, ssd=ssd, device=device)
 
 
 def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
@@ -68,10 +71,10 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     if embedding.shape != (target_config.vocab_size, target_config.hidden_size):
         raise CheckpointError(f"{target}: {EMBEDDING_KEY} is {tuple(embedding.shape)}, its config says "
                               f"{(target_config.vocab_size, target_config.hidden_size)}")
-    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype)
+    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype, device=torch.device(config.device))
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
-    return ServiceDraft(proposer, target_config.vocab_size, width)
+    return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device))
 
 
 def load_target_embedding(folder: Path) -> torch.Tensor:

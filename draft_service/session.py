@@ -19,6 +19,7 @@ import torch
 
 from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
+from rpc import torch_tensors
 from rpc.tensors import SessionTensors
 from ssd.errors import InvalidRequestError
 from ssd.spec.proposer import Proposer, ProposeRequest, TreeShape
@@ -61,13 +62,14 @@ class DraftSequence:
         return start, features
 
 
-def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors) -> torch.Tensor:
-    """[n, width] target features off the wire (float32, or bfloat16 sent as bit patterns)."""
+def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors,
+                  device: torch.device) -> torch.Tensor:
+    """[n, width] target features off the wire (float32 or bfloat16; inline, shared memory or CUDA IPC),
+    on the draft's `device`."""
     if tensor.dtype not in ("float32", "bfloat16") or len(tensor.shape) != 2 or tensor.shape[1] != width:
         raise ValueError(f"target features must be [n, {width}] float32 or bfloat16, "
                          f"got {list(tensor.shape)} {tensor.dtype}")
-    features = torch.from_numpy(tensors.decode(tensor))
-    return features.view(torch.bfloat16) if tensor.dtype == "bfloat16" else features
+    return torch_tensors.decode(tensors, tensor, device)
 
 
 @dataclass
@@ -80,13 +82,14 @@ class Session:
     """`ssd` wraps `proposer` (the same neural draft) for SSD sequences; None = the draft serves plain SD only."""
 
     def __init__(self, proposer: Proposer, target_id: str, feature_width: int = 0,
-                 ssd: SsdSpeculator | None = None) -> None:
+                 ssd: SsdSpeculator | None = None, device: torch.device | None = None) -> None:
         self.proposer = proposer
         self.ssd = ssd
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
         self.seqs: dict[int, DraftSequence] = {}  # target seq id -> state
-        self.tensors = SessionTensors()  # inline, or shared memory once Hello / Ready agreed on it
+        self.device = device or torch.device("cpu")  # where the draft's model lives
+        self.tensors = torch_tensors.session_tensors(self.device)  # inline until Hello / Ready agree on more
         self.last_build_s = 0.0  # this session's previous SSD cache build
         self._said_no_ssd = False  # an ssd Prefill on a draft without SSD is logged once per session
 
@@ -96,7 +99,8 @@ class Session:
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
-            seq.add_features(msg.features_start, features_from(msg.features, self.feature_width, self.tensors))
+            seq.add_features(msg.features_start, features_from(msg.features, self.feature_width, self.tensors,
+                                                                         self.device))
 
     def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
         old = self.seqs.pop(p.seq_id, None)
@@ -238,5 +242,5 @@ def to_message(seq_id: int, spec: Speculation, tensors: SessionTensors) -> draft
     if spec.predicted_hit is not None:  # SSD, once a build has predicted it
         msg.predicted_hit = spec.predicted_hit
     if spec.q is not None:  # [n, V] float32
-        msg.q.CopyFrom(tensors.encode(spec.q.float().numpy()))
+        msg.q.CopyFrom(torch_tensors.encode(tensors, spec.q.float()))
     return msg

@@ -50,7 +50,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
     async def Session(self, request_iterator: AsyncIterator[draft_pb2.SessionRequest],
                       context: aio.ServicerContext) -> AsyncIterator[draft_pb2.SessionResponse]:
         key = uuid.uuid4().hex
-        session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width, ssd=self.ssd)
+        session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width, ssd=self.ssd,
+                          device=self.draft.device)
         self.sessions[key] = session
         context.add_done_callback(lambda _: self._end_session(key))
         bound = log.bind(session=key[:8])
@@ -64,8 +65,10 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     if error is not None:
                         yield error
                         continue
-                    probe = msg.hello.shm_probe if msg.hello.HasField("shm_probe") else None
-                    transport = session.tensors.accept(list(msg.hello.transports), probe)
+                    hello = msg.hello
+                    transport = session.tensors.accept(
+                        list(hello.transports), hello.shm_probe if hello.HasField("shm_probe") else None,
+                        hello.cuda_probe if hello.HasField("cuda_probe") else None)
                     bound.info("tensor transport", transport=common_pb2.TensorTransport.Name(transport))
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
                         draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from ssd.device import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.spec.config import SpeculationConfig
 
@@ -16,10 +17,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192  # tokens in one forward at most
     max_model_len: int | None = None  # prompt + output tokens at most; default: the model's limit
     enable_prefix_caching: bool = True
-    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    num_threads: int | None = None  # torch intra-op threads (CPU work); None leaves torch's default
     seed: int = 0  # seeds the generator of requests that bring no seed
     speculation: SpeculationConfig | None = None  # None = plain autoregressive decoding
-    linear_backend: str = "onednn"  # onednn: packed CPU matmuls; torch: plain F.linear (the reference)
+    # onednn: packed CPU matmuls; torch: plain F.linear (the reference). On CUDA both mean plain F.linear:
+    # packing is a CPU-only layout, so it is skipped there rather than refused (onednn is the default).
+    linear_backend: str = "onednn"
+    # cpu | cuda | cuda:N: where the model forward runs (weights, KV, hidden states); sampling stays on CPU.
+    # Checked against the machine (a GPU present, N in range) when the engine is built.
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -32,3 +38,5 @@ class EngineConfig:
             raise InvalidRequestError(f"linear_backend must be 'onednn' or 'torch', got {self.linear_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -42,7 +42,8 @@ class StreamDelta:
 
 class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, proposer: Proposer | None = None, **engine_options: Any) -> None:
-        """`proposer` replaces the one the speculation config would build (e.g. a remote draft service)."""
+        """`engine_options`: EngineConfig's fields (dtype, device, speculation, ...). `proposer` replaces
+        the one the speculation config would build (e.g. a remote draft service)."""
         self.engine = LLMEngine(EngineConfig(model=model, **engine_options), proposer)
         self.tokenizer = self.engine.tokenizer
 

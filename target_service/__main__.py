@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 
 import structlog
+import torch
 
 from protos import require_current_stubs
 from protos.ssd.v1 import target_pb2_grpc
@@ -25,7 +26,7 @@ log = structlog.get_logger(__name__)
 
 def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer | None]:
     engine_config = EngineConfig(
-        model=config.model, dtype=config.dtype, kv_cache_memory_mb=config.kv_cache_memory_mb,
+        model=config.model, dtype=config.dtype, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads)
     if config.draft_address is None:
         return LLMEngine(engine_config), None
@@ -37,7 +38,8 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         feature_layers = fetch_feature_layers(config.draft_address, config.draft_info_timeout_s)
     proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size, config.draft_timeout_s,
                               config.reconnect_interval_s, feature_layers,
-                              offer_shared_memory=config.tensor_transport == "auto")
+                              offer_shared_memory=config.tensor_transport == "auto",
+                              device=torch.device(config.device))
     engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
     return engine, proposer
 

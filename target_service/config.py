@@ -4,6 +4,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
 
@@ -16,6 +17,7 @@ class TargetServiceConfig:
     address: str = "127.0.0.1:50051"  # host:port to listen on
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
     dtype: str = "bfloat16"
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
     num_threads: int = 1  # torch intra-op threads
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 16
@@ -26,13 +28,15 @@ class TargetServiceConfig:
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
     draft_info_timeout_s: float = 60.0  # start-up wait for the draft's GetInfo (its feature layers)
-    tensor_transport: str = "auto"  # "auto": shared memory when the draft shares this node, else inline; "inline"
+    tensor_transport: str = "auto"  # "auto": CUDA IPC / shared memory when the draft shares this node; "inline"
     reconnect_interval_s: float = 0.5  # between attempts to (re)open the draft session
     grace_s: float = 10.0  # drain time on SIGTERM
     log_level: str = "info"
     log_json: bool = True
 
     def __post_init__(self) -> None:
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.tensor_transport not in ("auto", "inline"):
             raise InvalidRequestError(f"tensor transport must be 'auto' or 'inline', got {self.tensor_transport!r}")
         if self.default_mode not in MODES:
@@ -63,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
     p.add_argument("--dtype", default=env.get("SSD_TARGET_DTYPE", "bfloat16"), choices=["float32", "bfloat16"])
+    p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
+                   help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_TARGET_KV_MB", "512")))
     p.add_argument("--max-num-seqs", type=int, default=16)
@@ -80,12 +86,15 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--draft-info-timeout-s", type=float, default=60.0,
                    help="with 'auto' feature layers: how long start-up waits for the draft to answer")
     p.add_argument("--tensor-transport", default=env.get("SSD_TARGET_TENSOR_TRANSPORT", "auto"),
-                   choices=["auto", "inline"], help="tensors to / from the draft: shared memory on one node, or inline")
+                   choices=["auto", "inline"],
+                   help="tensors to / from the draft: CUDA IPC (both on one GPU node) or shared memory (one node), "
+                        "else inline; or always inline")
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
     return TargetServiceConfig(
-        model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, num_threads=a.threads,
+        model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
+        num_threads=a.threads,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,

@@ -1,7 +1,7 @@
 """One open Speculator.Session stream seen from the target: requests in, a reader thread queuing answers.
 
 It also keeps what the draft holds on this session (`known`: committed tokens sent, the last chain) and
-the session's tensor transport (inline, or shared memory when the draft's Ready agreed to it).
+the session's tensor transport (inline, shared memory or CUDA IPC, as the draft's Ready agreed).
 """
 
 import queue
@@ -28,14 +28,14 @@ class SentSequence:
 class DraftSession:
     """One open Session stream: a request queue in, a reader thread filling a response queue."""
 
-    def __init__(self, channel: grpc.Channel) -> None:
+    def __init__(self, channel: grpc.Channel, tensors: SessionTensors | None = None) -> None:
         self.channel = channel
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.responses: queue.SimpleQueue = queue.SimpleQueue()
         self.known: dict[int, SentSequence] = {}  # sequences the draft holds on this session
         self.is_broken = False
         self.sends_features = False  # whether the draft drafts from target features (set by its Ready)
-        self.tensors = SessionTensors()  # inline, or shared memory once the draft's Ready agrees
+        self.tensors = tensors or SessionTensors()  # inline until the draft's Ready agrees on more
         stub = draft_pb2_grpc.SpeculatorStub(channel)
         self.call = stub.Session(iter(self.requests.get, CLOSE))
         threading.Thread(target=self._read, daemon=True, name="draft-session-reader").start()

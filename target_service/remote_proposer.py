@@ -20,11 +20,11 @@ import itertools
 import threading
 
 import grpc
-import numpy as np
 import structlog
 import torch
 
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from rpc import torch_tensors
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
 from ssd.spec.config import SsdConfig
 from ssd.spec.proposer import ProposeRequest
@@ -35,6 +35,7 @@ from target_service.ssd_wire import DraftTimings, ssd_options
 log = structlog.get_logger(__name__)
 
 FeatureCarrier = draft_pb2.Prefill | draft_pb2.Outcome  # the round messages that carry target features
+CPU = torch.device("cpu")  # the engine samples and verifies on the host
 _MAX_INLINE_FEATURE_BYTES = MAX_MESSAGE_BYTES // 2  # per Round; features past it are left out (no speculation)
 
 
@@ -51,26 +52,20 @@ def fetch_feature_layers(address: str, timeout_s: float) -> tuple[int, ...]:
     return tuple(info.feature_layers)
 
 
-def features_array(features: torch.Tensor) -> tuple[np.ndarray, str]:
-    """[n, F] target features for the wire: bfloat16 as its bit patterns, any other dtype as float32."""
-    t = features.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), "bfloat16"
-    return t.float().numpy(), "float32"
-
-
 class RemoteProposer:
     """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
     `ssd_options`: SSD settings sent with every round that has ssd sequences; None = the draft's defaults."""
 
     def __init__(self, address: str, target_id: str, vocab_size: int, timeout_s: float = 5.0,
                  reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = (),
-                 offer_shared_memory: bool = True, ssd_options: SsdConfig | None = None) -> None:
+                 offer_shared_memory: bool = True, ssd_options: SsdConfig | None = None,
+                 device: torch.device | None = None) -> None:
         self.address = address
         self.ssd_options = ssd_options
         self._timings = DraftTimings()  # the draft's SSD timings, summed (engine thread writes)
         self.feature_layers = tuple(feature_layers)
-        self.offer_shared_memory = offer_shared_memory  # tensors through same-node shared memory when possible
+        self.offer_shared_memory = offer_shared_memory  # same-node transports (shared memory, CUDA IPC) offered
+        self.device = device  # where the target's features live: a GPU offers CUDA IPC
         self.target_id = target_id
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
@@ -101,12 +96,14 @@ class RemoteProposer:
         except grpc.FutureTimeoutError:
             channel.close()
             return None
-        session = DraftSession(channel)
+        session = DraftSession(channel, torch_tensors.session_tensors(self.device, self.offer_shared_memory))
         round_id = next(self._round_ids)
-        transports, probe = session.tensors.offer(enabled=self.offer_shared_memory)
-        hello = draft_pb2.Hello(target_id=self.target_id, vocab_size=self.vocab_size, transports=transports)
-        if probe is not None:
-            hello.shm_probe.CopyFrom(probe)
+        offer = session.tensors.offer(enabled=self.offer_shared_memory)
+        hello = draft_pb2.Hello(target_id=self.target_id, vocab_size=self.vocab_size, transports=offer.transports)
+        if offer.shm_probe is not None:
+            hello.shm_probe.CopyFrom(offer.shm_probe)
+        if offer.cuda_probe is not None:
+            hello.cuda_probe.CopyFrom(offer.cuda_probe)
         session.send(draft_pb2.SessionRequest(round_id=round_id, hello=hello))
         answer = session.receive(round_id, self.timeout_s)
         if answer is None or answer.WhichOneof("kind") != "ready":
@@ -171,11 +168,11 @@ class RemoteProposer:
     def _attach_features(self, session: DraftSession, entries: list[tuple[ProposeRequest, FeatureCarrier]]) -> None:
         """Each message gets its sequence's new target features: by the session's transport, inline within a
         byte budget (a sequence left out sees a gap on the draft and goes without speculation)."""
-        arrays = [(msg, r, *features_array(r.features)) for r, msg in entries if r.features is not None]
-        session.tensors.start_message(sum(a.nbytes for _, _, a, _ in arrays))
+        carried = [(msg, r) for r, msg in entries if r.features is not None]
+        session.tensors.start_message(sum(torch_tensors.wire_bytes(r.features) for _, r in carried))
         room = _MAX_INLINE_FEATURE_BYTES
-        for msg, r, array, dtype in arrays:  # array: [n, F]
-            tensor = session.tensors.encode(array, dtype)
+        for msg, r in carried:  # r.features: [n, F], on the target's device
+            tensor = torch_tensors.encode(session.tensors, r.features)
             if tensor.WhichOneof("data") == "inline_bytes":
                 if len(tensor.inline_bytes) > room:
                     log.warning("target features do not fit in this round; the sequence goes without speculation",
@@ -238,8 +235,8 @@ class RemoteProposer:
         if item is None:
             return None
         try:
-            q = torch.from_numpy(session.tensors.decode(item.q)) if item.HasField("q") else None  # [n, V]
-        except ValueError as e:  # e.g. a shared-memory segment that is gone
+            q = torch_tensors.decode(session.tensors, item.q, CPU) if item.HasField("q") else None  # [n, V]
+        except (ValueError, RuntimeError) as e:  # e.g. a shared-memory segment that is gone
             log.warning("unreadable q from the draft", seq_id=item.seq_id, error=str(e))
             return None
         if not is_ssd:

@@ -13,6 +13,7 @@ import torch
 
 from ssd.config import EngineConfig
 from ssd.context import ForwardMode
+from ssd.device import resolve_device
 from ssd.engine.model_runner import ForwardItem
 from ssd.engine.model_worker import ModelWorker
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
@@ -56,9 +57,10 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)  # before any loading: a missing GPU fails at once
         path = resolve_model(config.model)
         self.worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
-                                  config.linear_backend, config.enable_prefix_caching)
+                                  config.linear_backend, config.enable_prefix_caching, self.device)
         self.model, self.model_config = self.worker.model, self.worker.model_config
         self.block_manager, self.runner = self.worker.block_manager, self.worker.runner
         self.tokenizer = load_tokenizer(path)
@@ -80,8 +82,8 @@ class LLMEngine:
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
-        log.info("engine ready", model=str(path), dtype=config.dtype, kv_blocks=self.worker.num_blocks,
-                 max_model_len=max_len, load_s=round(self.worker.load_s, 2))
+        log.info("engine ready", model=str(path), dtype=config.dtype, device=str(self.device),
+                 kv_blocks=self.worker.num_blocks, max_model_len=max_len, load_s=round(self.worker.load_s, 2))
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -101,7 +103,7 @@ class LLMEngine:
             )
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_source))
         seq = Sequence(next(self._ids), list(prompt_token_ids), len(prompt_token_ids), params,
-                       torch.Generator().manual_seed(seed))
+                       torch.Generator().manual_seed(seed))  # on CPU on any device: sampling runs on CPU
         self.seqs[seq.seq_id] = seq
         self.scheduler.add(seq)
         return seq.seq_id

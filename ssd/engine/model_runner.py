@@ -5,6 +5,10 @@ stored at the physical KV positions right after the `start_position` tokens alre
 By default they attend causally and their RoPE positions equal their physical positions;
 a token tree instead brings its own logical positions and its own attention mask.
 Prefill, decode, multi-token verify and tree verify are the same code with different items.
+
+Device boundary: items are plain CPU data; the runner builds the index tensors on CPU, moves them to the
+model's device, and hands the logits back on CPU (sampling and verification run there), while the target
+features (`aux_hidden`) stay on the device.
 """
 
 from dataclasses import dataclass
@@ -27,8 +31,10 @@ class ForwardItem:
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    logits: torch.Tensor  # [sum(num_logits), V] float32, items in order
-    aux_hidden: torch.Tensor | None  # [T, len(aux_layers) * d]: residual streams entering the aux layers
+    logits: torch.Tensor  # [sum(num_logits), V] float32 on CPU, items in order (moved off the device here)
+    # [T, len(aux_layers) * d] on the model's device: residual streams entering the aux layers. Never moved:
+    # a draft in another process reads them from the GPU by CUDA IPC.
+    aux_hidden: torch.Tensor | None
 
 
 class ModelRunner:
@@ -97,8 +103,8 @@ class ModelRunner:
             n = len(it.token_ids)
             keep.extend(range(offset + n - it.num_logits, offset + n))
             offset += n
-        logits = self.model.compute_logits(hidden[torch.tensor(keep, device=self.device)])
-        return ForwardOutput(logits, torch.cat(aux, dim=-1) if aux else None)
+        logits = self.model.compute_logits(hidden[torch.tensor(keep, device=self.device)])  # [N, V] float32
+        return ForwardOutput(logits.cpu(), torch.cat(aux, dim=-1) if aux else None)  # .cpu(): no copy on CPU
 
     def move_kv(self, block_table: list[int], src: list[int], dst: list[int]) -> None:
         """Copy the KV at physical positions `src` to `dst` in every layer (keeps an accepted tree path)."""

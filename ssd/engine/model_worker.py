@@ -1,6 +1,7 @@
-"""A loaded model with its own paged KV cache, block manager and runner.
+"""A loaded model with its own paged KV cache, block manager and runner, on one device.
 
-The target engine and a draft-model proposer each own one; nothing is shared between them.
+The target engine and a draft-model proposer each own one; nothing is shared between them. The model is
+built and loaded on CPU, then moved to the device; the KV cache is allocated there.
 """
 
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 import structlog
 import torch
 
+from ssd.device import resolve_device
 from ssd.engine.model_runner import ModelRunner
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
@@ -27,13 +29,15 @@ class ModelWorker:
         kv_cache_memory_mb: int,
         linear_backend: str = "onednn",
         enable_prefix_caching: bool = True,
+        device: str | torch.device = "cpu",
     ) -> None:
         started = time.perf_counter()
         self.path = path
         self.dtype = parse_dtype(dtype)
-        self.device = torch.device("cpu")
+        self.device = resolve_device(device)
         self.model, self.model_config = load_model(path, self.dtype)
-        if linear_backend == "onednn":
+        self.model.to(self.device)  # a no-op on CPU
+        if linear_backend == "onednn" and self.device.type == "cpu":  # oneDNN packing is a CPU weight layout
             pack_linear_weights(self.model)
         mc = self.model_config
         shape = KVCacheShape(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, block_size, self.dtype)

@@ -6,6 +6,7 @@ hand the proposer what it needs for the next round (committed length, target fea
 """
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -89,7 +90,8 @@ class SpeculativeDecoder:
             outcome = self._verify(seq, spec, logits)
             self._keep_path(seq, item, outcome)
             if out.aux_hidden is not None:  # features of the committed positions: root + accepted path
-                rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)])
+                rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)],
+                                    device=out.aux_hidden.device)
                 self.add_features(seq.seq_id, item.start_position, out.aux_hidden[rows])
             if seq.params.speculate:
                 for counters in (self.counters, seq.spec_counters):
@@ -100,8 +102,11 @@ class SpeculativeDecoder:
         return results
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
+        """logits [n, V] on CPU; verifying draws with the sequence's CPU generator, so q goes to CPU too."""
         if seq.params.is_greedy:
             return verify_greedy(spec, logits.argmax(dim=-1).tolist())
+        if spec.q is not None and spec.q.device.type != "cpu":  # e.g. a remote draft's q arriving by CUDA IPC
+            spec = replace(spec, q=spec.q.cpu())
         return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)
 
     def _keep_path(self, seq: Sequence, item: ForwardItem, outcome: Outcome) -> None:

@@ -38,19 +38,27 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
         # Plain float32 attributes, not buffers: this instance is shared by every model with these settings
         # (`get_rope`), so `model.to(bfloat16)` on one model must not round the tables of all the others.
-        self.cos = emb.cos()  # [P, D]
-        self.sin = emb.sin()  # [P, D]
+        self.cos = emb.cos()  # [P, D] on CPU
+        self.sin = emb.sin()  # [P, D] on CPU
+        # Copies on other devices (not moved by .to(): models on several devices may share this instance).
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.head_dim = head_dim
         self._memo: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [P, D]
+        if device == self.cos.device:
+            return self.cos, self.sin
+        if device not in self._on_device:
+            self._on_device[device] = (self.cos.to(device), self.sin.to(device))
+        return self._on_device[device]
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         memo = self._memo
         if memo is not None and memo[0] is positions and memo[1] == dtype:
             return memo[2], memo[3]
-        if self.cos.device != positions.device:  # tables follow the forward's device (not moved by .to())
-            self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
-        cos = self.cos[positions].unsqueeze(1).to(dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        cos_table, sin_table = self._tables(positions.device)  # the tables follow the forward's device
+        cos = cos_table[positions].unsqueeze(1).to(dtype)  # [T, 1, D]
+        sin = sin_table[positions].unsqueeze(1).to(dtype)
         self._memo = (positions, dtype, cos, sin)
         return cos, sin
 

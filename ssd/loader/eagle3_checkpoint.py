@@ -41,8 +41,9 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_eagle3_head(folder: Path, target_embedding: torch.Tensor | None, dtype: torch.dtype,
-                     target_num_layers: int | None = None) -> Eagle3Head:
-    """Build the head of `folder` in `dtype`; `target_embedding` [vocab, d] is used when the file has none."""
+                     target_num_layers: int | None = None, device: str | torch.device = "cpu") -> Eagle3Head:
+    """Build the head of `folder` in `dtype` on `device`; `target_embedding` [vocab, d] (any device) is
+    used when the file has none."""
     config = load_eagle3_config(folder, target_num_layers)
     tensors = _read_tensors(folder)
     embedding = tensors.pop(EMBED_KEY, None)
@@ -67,6 +68,7 @@ def load_eagle3_head(folder: Path, target_embedding: torch.Tensor | None, dtype:
     head.to(dtype)
     head.d2t.copy_(tensors["d2t"].long())  # .to(dtype) leaves integer / bool buffers alone; be explicit
     head.t2d.copy_(tensors["t2d"].bool())
+    head.to(device)  # a no-op on CPU; the embedding is not copied when it already is there in `dtype`
     head.eval()
     log.debug("loaded EAGLE-3 head", folder=str(folder), draft_vocab=config.draft_vocab_size)
     return head

@@ -7,6 +7,8 @@ self-condition: their input is (embedding of the token just drafted, the head's 
 before). The midlayer's residual stream is the feature stream: `out_hidden` is pre-norm, `norm` feeds `lm_head`.
 Draft ids map to target ids by `target_id = draft_id + d2t[draft_id]`; `t2d[target_id]` says whether a target
 token is in the draft vocabulary.
+Devices. The inference methods take index inputs (token ids, positions, masks) on any device, CPU included,
+and move them to the head's; hidden states, KV and returned logits stay on the head's device.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -246,13 +248,18 @@ class Eagle3Head(nn.Module):
         self.embed_tokens = nn.Embedding.from_pretrained(emb, freeze=True)  # the target's, frozen
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # [draft_vocab]
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))  # [vocab]
+        self._d2t_copy: tuple[tuple, torch.Tensor] | None = None  # (key, d2t elsewhere): `_d2t_on`
         for norm in (self.norm, self.midlayer.input_layernorm, self.midlayer.hidden_norm,
                      self.midlayer.post_attention_layernorm):
             norm.weight.requires_grad_(True)  # the engine's RMSNorm is frozen by default; the head trains it
 
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
     def new_cache(self, capacity: int = 256) -> HeadKVCache:
         c = self.config
-        return HeadKVCache(c.num_key_value_heads, c.head_dim, self.fc.weight.dtype, capacity, self.fc.weight.device)
+        return HeadKVCache(c.num_key_value_heads, c.head_dim, self.fc.weight.dtype, capacity, self.device)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [..., 3*d_target] -> [..., d]
         if self.config.feature_norm:
@@ -268,6 +275,7 @@ class Eagle3Head(nn.Module):
                 cache: HeadKVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """n new positions of one sequence at cache.length..: input_ids [n] (target ids), hidden [n, d]
         -> (out_hidden [n, d], draft logits [n, draft_vocab] float32); appends the new K/V to `cache`."""
+        input_ids = input_ids.to(self.device)
         n, start = input_ids.shape[0], cache.length
         positions = torch.arange(start, start + n, device=input_ids.device)  # [n]
         emb = self.embed_tokens(input_ids).to(hidden.dtype)[None]  # [1, n, d]
@@ -294,14 +302,14 @@ class Eagle3Head(nn.Module):
         -> per segment (out_hidden [n_i, d], draft logits [n_i, draft_vocab] float32)."""
         sizes = [len(ids) for ids in input_ids]
         all_hidden = torch.cat(hidden)[None]  # [1, N, d]
-        emb = self.embed_tokens(torch.cat(input_ids)).to(all_hidden.dtype)[None]  # [1, N, d]
-        q, k, v = self.midlayer.qkv(emb, all_hidden, torch.cat(positions))  # [1, N, H|KVH, D]
+        emb = self.embed_tokens(torch.cat(input_ids).to(self.device)).to(all_hidden.dtype)[None]  # [1, N, d]
+        q, k, v = self.midlayer.qkv(emb, all_hidden, torch.cat(positions).to(self.device))  # [1, N, H|KVH, D]
         attn = []
         for qi, ki, vi, mask, cache in zip(q[0].split(sizes), k[0].split(sizes), v[0].split(sizes), masks, caches,
                                            strict=True):
             cache.append(ki, vi)
             keys, values = cache.k[None, : cache.length], cache.v[None, : cache.length]  # [1, S, KVH, D]
-            attn.append(attend(qi[None], keys, values, mask[None, None])[0])  # [n_i, H*D]
+            attn.append(attend(qi[None], keys, values, mask.to(self.device)[None, None])[0])  # [n_i, H*D]
         out = self.midlayer.finish(torch.cat(attn)[None], all_hidden)[0]  # [N, d]
         return list(out.split(sizes)), list(self.logits(out).split(sizes))
 
@@ -309,10 +317,10 @@ class Eagle3Head(nn.Module):
                     caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One causal drafting step for each sequence: token_ids[i] with hidden[i] [d], appended to caches[i]
         -> (out_hidden [d], draft logits [draft_vocab] float32) per sequence."""
-        outs, logits = self.forward_many(
+        outs, logits = self.forward_many(  # ids and positions move in one copy each; masks are made there
             [torch.tensor([t]) for t in token_ids], [h[None] for h in hidden],
             [torch.tensor([c.length]) for c in caches],
-            [torch.ones(1, c.length + 1, dtype=torch.bool) for c in caches], caches)
+            [torch.ones(1, c.length + 1, dtype=torch.bool, device=self.device) for c in caches], caches)
         return [o[0] for o in outs], [row[0] for row in logits]
 
     def forward_train(self, input_ids: torch.Tensor, hidden: torch.Tensor,
@@ -330,11 +338,27 @@ class Eagle3Head(nn.Module):
         out = self.midlayer.finish(attend(q, k, v, mask), hidden)  # [B, L, d]
         return out, self.logits(out)
 
+    def _d2t_on(self, device: torch.device) -> torch.Tensor:  # [draft_vocab]
+        """d2t on `device`: the buffer itself, or a copy kept for inputs from another device (CPU draft ids
+        while the head runs on CUDA), made again whenever d2t is replaced, moved or written in place."""
+        d2t = self.d2t
+        if device == d2t.device:
+            return d2t
+        if d2t.is_inference():  # no version counter to tell a stale copy by: copy every time
+            return d2t.to(device)
+        key = (device, d2t.data_ptr(), d2t._version)
+        if self._d2t_copy is None or self._d2t_copy[0] != key:
+            self._d2t_copy = (key, d2t.to(device))
+        return self._d2t_copy[1]
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:  # [...] draft ids -> [...] target ids
-        return draft_ids + self.d2t[draft_ids]
+        """On the device of `draft_ids`, whatever the head's."""
+        return draft_ids + self._d2t_on(draft_ids.device)[draft_ids]
 
     def to_target_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
-        """rows [n, draft_vocab] -> [n, vocab] float32, `fill` where the draft cannot go (-inf for logits, 0 for q)."""
-        full = torch.full((rows.shape[0], self.config.vocab_size), fill)
-        full[:, self.to_target_ids(torch.arange(self.config.draft_vocab_size))] = rows.float()
+        """rows [n, draft_vocab] -> [n, vocab] float32 on the rows' device, `fill` where the draft cannot go
+        (-inf for logits, 0 for q)."""
+        full = torch.full((rows.shape[0], self.config.vocab_size), fill, device=rows.device)
+        draft_ids = torch.arange(self.config.draft_vocab_size, device=rows.device)  # [draft_vocab]
+        full[:, self.to_target_ids(draft_ids)] = rows.float()
         return full

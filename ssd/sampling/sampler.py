@@ -2,7 +2,8 @@
 
 `target_probs` is the one definition of p used by plain sampling and, later, by verification.
 Each sequence draws from its own torch.Generator, so a seeded request gives the same tokens
-whatever else is in the batch.
+whatever else is in the batch. Logits and generators are on CPU whatever device the model runs on
+(the model runner moves logits off the device), so the draws do not depend on the device either.
 """
 
 import torch

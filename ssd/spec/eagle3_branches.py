@@ -6,6 +6,7 @@ as when drafting). Head-cache layout after the glue: L real positions, m glue po
 depth d at L + m + d*M + r. A branch forked at acceptance length j replaces s_{j+1}: depth 0 reads
 (guess, out_hidden after j glue steps) at RoPE position L + j and sees the first j glue positions.
 Everything past the real positions is scratch: the next catch-up truncates it.
+Hidden states and KV stay on the head's device; the logits handed to SSD's token logic are on CPU.
 """
 
 import torch
@@ -21,8 +22,8 @@ class Eagle3BranchDrafter:
         self.proposer = proposer
         self.glue_hidden: dict[int, tuple[int, torch.Tensor]] = {}  # seq id -> (L, [m+1, d] out_hidden per glue row)
 
-    def _to_target(self, logits: torch.Tensor) -> torch.Tensor:  # [n, Vd] -> [n, V] float32, -inf outside
-        return self.proposer.head.to_target_vocab(logits, float("-inf"))
+    def _to_target(self, logits: torch.Tensor) -> torch.Tensor:  # [n, Vd] -> CPU [n, V] float32, -inf outside
+        return self.proposer.head.to_target_vocab(logits.cpu(), float("-inf"))  # moves Vd columns, not V
 
     @torch.inference_mode()
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
@@ -58,7 +59,7 @@ class Eagle3BranchDrafter:
             reals.append(real)
             glues.append(r.glue_len - 1)
             forks.append(torch.tensor(r.fork_points))  # [M]
-            hidden.append(glue_hidden[forks[-1]])  # [M, d]
+            hidden.append(glue_hidden[forks[-1].to(glue_hidden.device)])  # [M, d]
             tokens.append(torch.tensor(r.tokens))  # [M]
         steps: list[list[torch.Tensor]] = [[] for _ in requests]
         for d in range(depth):

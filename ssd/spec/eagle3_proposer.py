@@ -6,6 +6,8 @@ Each round it first runs the head over committed positions whose real target fea
 (the verify forward's accepted path), then drafts: a chain self-conditions step by step; a tree
 expands the best top-k children by cumulative log-probability, each node from its parent's
 cloned KV. Drafted positions are scratch: the next round truncates back to the real ones.
+Devices: the head, its KV, hidden states and fused features live on the head's device; the draft log-probs
+the token logic reads are moved to CPU, where sampling uses the sequences' CPU generators.
 """
 
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ssd.device import resolve_device
 from ssd.errors import InvalidRequestError
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.eagle3_checkpoint import load_eagle3_head
@@ -27,9 +30,9 @@ from ssd.spec.speculation import Speculation
 @dataclass
 class _HeadSeq:
     cache: HeadKVCache
-    fused: torch.Tensor  # [m, d] fused features g_0..g_{m-1}
+    fused: torch.Tensor  # [m, d] fused features g_0..g_{m-1}, on the head's device
     num_real: int = 0  # head positions computed from real target features
-    rows: list[torch.Tensor] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)  # [(out_hidden [d], draft logits [Vd])] (device)
 
 
 @dataclass
@@ -37,17 +40,21 @@ class _Node:
     token: int  # target id
     parent: int
     score: float  # cumulative draft log-probability
-    hidden: torch.Tensor | None = None  # [d] the head's out_hidden at this node
-    logprobs: torch.Tensor | None = None  # [draft_vocab] next-token log-probs after this node
+    hidden: torch.Tensor | None = None  # [d] the head's out_hidden at this node (head's device)
+    logprobs: torch.Tensor | None = None  # [draft_vocab] next-token log-probs after this node (CPU)
     cache: HeadKVCache | None = None
 
 
 class Eagle3Proposer:
-    def __init__(self, path: Path, target_embedding: torch.Tensor, target_config: ModelConfig, dtype: str) -> None:
-        """`target_embedding` [vocab, d]: the target's input embedding (used when the head ships none)."""
+    def __init__(self, path: Path, target_embedding: torch.Tensor, target_config: ModelConfig, dtype: str,
+                 device: str | torch.device | None = None) -> None:
+        """`target_embedding` [vocab, d]: the target's input embedding (used when the head ships none).
+        `device`: where the head runs; None = the target embedding's device."""
         tc = target_config
-        self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype), tc.num_hidden_layers)
-        pack_linear_weights(self.head)  # inference only from here on: oneDNN-packed matmuls
+        device = resolve_device(target_embedding.device if device is None else device)
+        self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype), tc.num_hidden_layers, device)
+        if device.type == "cpu":
+            pack_linear_weights(self.head)  # inference only from here on: oneDNN-packed matmuls
         hc = self.head.config
         if hc.vocab_size != tc.vocab_size or hc.target_hidden_size != tc.hidden_size:
             raise InvalidRequestError(
@@ -69,9 +76,10 @@ class Eagle3Proposer:
         head = self.head
         state = self.seqs.get(r.seq_id)
         if state is None:
-            state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), torch.empty(0, head.config.hidden_size, dtype=head.fc.weight.dtype))
-        if r.features is not None:
-            start, feats = r.features_start, head.fuse(r.features.to(head.fc.weight.dtype))
+            fused = torch.empty(0, head.config.hidden_size, dtype=head.fc.weight.dtype, device=head.device)
+            state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), fused)
+        if r.features is not None:  # [n, F], on CPU or on a device: the head's device from here
+            start, feats = r.features_start, head.fuse(r.features.to(head.device, head.fc.weight.dtype))
             state.fused = torch.cat([state.fused[:start], feats])
             state.num_real = min(state.num_real, start)
         state.cache.truncate(state.num_real)
@@ -84,7 +92,7 @@ class Eagle3Proposer:
             state.num_real = m
             hidden, logits = out[-1], logits_all[-1]
             state.rows = [(hidden, logits)]
-        return state, hidden, torch.log_softmax(logits.float(), dim=-1)
+        return state, hidden, torch.log_softmax(logits.float(), dim=-1).cpu()
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
         chains = iter(self._chains([r for r in requests if r.tree is None]))
@@ -127,7 +135,7 @@ class Eagle3Proposer:
             outs, logits = self.head.decode_step([tokens[i][-1] for i in active], [hidden[i] for i in active],
                                                  [caches[i] for i in active])
             for i, out, row in zip(active, outs, logits, strict=True):
-                hidden[i], logprobs[i] = out, torch.log_softmax(row.float(), dim=-1)
+                hidden[i], logprobs[i] = out, torch.log_softmax(row.float(), dim=-1).cpu()
         return [Speculation(t, None, torch.stack(q) if q else None) for t, q in zip(tokens, qs, strict=True)]
 
     @torch.inference_mode()
@@ -161,4 +169,4 @@ class Eagle3Proposer:
         cache = parent.cache.clone()
         out, logits = self.head(torch.tensor([node.token]), parent.hidden[None], cache)
         node.hidden, node.cache = out[-1], cache
-        node.logprobs = torch.log_softmax(logits[-1].float(), dim=-1)
+        node.logprobs = torch.log_softmax(logits[-1].float(), dim=-1).cpu()

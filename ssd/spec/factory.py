@@ -24,6 +24,7 @@ def is_eagle3_folder(folder: Path) -> bool:
 
 
 def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -> Proposer:
+    """The proposer `config` names, on the target's device (n-gram lookup needs none)."""
     if config.draft == "ngram":
         return NgramProposer(max_ngram=config.ngram_max)
     path = resolve_model(config.draft)
@@ -32,10 +33,10 @@ def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -
         from ssd.spec.eagle3_proposer import Eagle3Proposer
 
         proposer: Proposer = Eagle3Proposer(path, target.model.model.embed_tokens.weight, target.model_config,
-                                            draft_dtype)
+                                            draft_dtype, device=target.device)
     else:
         proposer = DraftModelProposer(path, draft_dtype, target.model_config.vocab_size,
-                                      block_size=target.block_manager.block_size)
+                                      block_size=target.block_manager.block_size, device=target.device)
     return with_ssd(proposer, config) if config.ssd is not None else proposer
 
 

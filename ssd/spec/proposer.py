@@ -36,7 +36,8 @@ class ProposeRequest:
     temperature: float  # draft sampling temperature; 0 = greedy draft (no q is returned)
     generator: torch.Generator  # the sequence's own random stream
     tree: TreeShape | None = None  # None = a chain
-    features: torch.Tensor | None = None  # [n, F] target features of committed positions not sent before
+    # [n, F] target features of committed positions not sent before; on CPU or the target's device
+    features: torch.Tensor | None = None
     features_start: int = 0  # the position of the first row of `features`
     saguaro: SaguaroScale | None = None  # SSD: scale the draft's top probabilities before sampling (and in q)
     ssd: bool = False  # the request's mode is SSD (a remote draft answers it from its speculation cache)

@@ -14,7 +14,8 @@ import torch
 class Speculation:
     tokens: list[int]  # draft tokens, nodes 1..n in order; a parent always precedes its children
     parents: list[int] | None = None  # [n]: parent node of each token (0 = root); None = a chain
-    q: torch.Tensor | None = None  # [n, V] float32: the distribution each token was sampled from; None = one-hot
+    # [n, V] float32 on CPU: the distribution each token was sampled from; None = one-hot
+    q: torch.Tensor | None = None
     cache_hit: bool | None = None  # SSD: True = from the speculation cache, False = a backup; None = not SSD
     predicted_hit: float | None = None  # SSD: the draft's estimate that verifying this hits its next cache
 

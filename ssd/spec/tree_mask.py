@@ -4,6 +4,7 @@ Key layout of one sequence: `prefix` committed positions every branch sees, then
 speculation just returned, run once), then one block of M positions per earlier tree depth (branch r of
 depth d at prefix + glue + d*M + r). Branch r sees the first `glue_visible[r]` glue positions (those
 before its fork point) and, at each depth up to the current one, only its own token.
+Masks are built on CPU; the forward that consumes them moves them to the model's device.
 """
 
 import torch

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = [
     "The gateway never imports torch or the engine",
+    "The gateway never imports the torch-side tensor modules",
     "The shared gRPC plumbing and the protos never import torch",
     "The two model services never import each other",
     "The engine never imports grpc",

@@ -29,8 +29,8 @@ def segment_name(side: SessionTensors) -> str:
 def pair():
     """(target side, draft side) of one session that agreed on shared memory."""
     target, draft = SessionTensors(), SessionTensors()
-    transports, probe = target.offer()
-    assert transports[0] == SHM and probe.WhichOneof("data") == "handle"
+    transports, probe, cuda_probe = target.offer()
+    assert transports[0] == SHM and probe.WhichOneof("data") == "handle" and cuda_probe is None
     assert target.settle(draft.accept(transports, probe)) == SHM
     yield target, draft
     target.close()
@@ -66,7 +66,7 @@ def test_a_bigger_message_moves_to_a_bigger_segment_and_unlinks_the_old(pair):
 
 def test_close_unlinks_only_own_segments_and_is_idempotent():
     target, draft = SessionTensors(), SessionTensors()
-    transports, probe = target.offer()
+    transports, probe, _ = target.offer()
     target.settle(draft.accept(transports, probe))
     mine, theirs = segment_name(target), segment_name(draft)
     draft.close()  # the draft unlinks its own segment, never the target's it has mapped
@@ -116,6 +116,6 @@ def test_another_node_or_a_foreign_name_falls_back_to_inline():
         assert draft.accept([SHM, INLINE], probe) == INLINE
     assert draft.encode(np.zeros(2, np.float32)).WhichOneof("data") == "inline_bytes"
     target = SessionTensors()
-    assert target.offer(enabled=False) == ([INLINE], None)
+    assert target.offer(enabled=False) == ([INLINE], None, None)
     draft.close()
     target.close()
