@@ -12,8 +12,7 @@ from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.proposer import TreeShape
-from tests.spec.test_eagle3_sd import write_tiny_head
-from tests.tiny_models import write_tiny_checkpoint
+from tests.spec.test_eagle3_sd import tiny_target_draft_and_head
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -31,10 +30,7 @@ def test_asking_for_cuda_without_a_gpu_is_a_clear_error(tiny_llama):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    target, draft, head = (tmp_path_factory.mktemp(n) for n in ("target", "draft", "eagle3"))
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
-    write_tiny_head(head, target)
+    target, draft, head = tiny_target_draft_and_head(tmp_path_factory)
     return {"target": target, "self": target, "draft": draft, "eagle3": head}
 
 

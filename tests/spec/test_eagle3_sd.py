@@ -40,6 +40,14 @@ def tiny_target_and_head(tmp_path_factory):  # noqa: ANN001, ANN201 - shared by 
     return target, head
 
 
+def tiny_target_draft_and_head(tmp_path_factory):  # noqa: ANN001, ANN201 - shared by the SSD / device tests
+    """A tiny float32 Llama target, a one-layer draft model and a tiny EAGLE-3 head, in fresh temp folders."""
+    target, head = tiny_target_and_head(tmp_path_factory)
+    draft = tmp_path_factory.mktemp("draft")
+    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
+    return target, draft, head
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     return tiny_target_and_head(tmp_path_factory)

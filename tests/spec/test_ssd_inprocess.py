@@ -5,17 +5,13 @@ import pytest
 
 from ssd.llm import LLM
 from ssd.spec.config import SpeculationConfig, SsdConfig
-from tests.spec.test_eagle3_sd import write_tiny_head
+from tests.spec.test_eagle3_sd import tiny_target_draft_and_head
 from tests.spec.test_sd_greedy import PARAMS, PROMPTS
-from tests.tiny_models import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    target, other, head = (tmp_path_factory.mktemp(n) for n in ("target", "draft", "eagle3"))
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_checkpoint(other, "llama", seed=1, num_hidden_layers=1)
-    write_tiny_head(head, target)
+    target, other, head = tiny_target_draft_and_head(tmp_path_factory)
     ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
     expected = [ar.generate([p], PARAMS)[0].token_ids for p in PROMPTS]
     return {"self": target, "other": other, "eagle3": head}, expected
