@@ -140,8 +140,9 @@ class SessionTensors:
     def _reads(self, probe: common_pb2.Tensor | None, on_device: bool) -> bool:
         if probe is None or probe.WhichOneof("data") != "handle":
             return False
+        read = self.decode_device if on_device else self.decode
         try:
-            self.decode_device(probe) if on_device else self.decode(probe)
+            read(probe)
         except (ValueError, OSError, RuntimeError) as e:  # another node, another /dev/shm, a GPU not seen here
             log.info("tensor probe unreadable", transport="CUDA_IPC" if on_device else "SHARED_MEMORY", error=str(e))
             return False

@@ -6,7 +6,6 @@ hand the proposer what it needs for the next round (committed length, target fea
 """
 
 import time
-from dataclasses import replace
 
 import torch
 
@@ -102,11 +101,9 @@ class SpeculativeDecoder:
         return results
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
-        """logits [n, V] on CPU; verifying draws with the sequence's CPU generator, so q goes to CPU too."""
+        """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""
         if seq.params.is_greedy:
             return verify_greedy(spec, logits.argmax(dim=-1).tolist())
-        if spec.q is not None and spec.q.device.type != "cpu":  # e.g. a remote draft's q arriving by CUDA IPC
-            spec = replace(spec, q=spec.q.cpu())
         return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)
 
     def _keep_path(self, seq: Sequence, item: ForwardItem, outcome: Outcome) -> None:

@@ -248,7 +248,6 @@ class Eagle3Head(nn.Module):
         self.embed_tokens = nn.Embedding.from_pretrained(emb, freeze=True)  # the target's, frozen
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # [draft_vocab]
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))  # [vocab]
-        self._d2t_copy: tuple[tuple, torch.Tensor] | None = None  # (key, d2t elsewhere): `_d2t_on`
         for norm in (self.norm, self.midlayer.input_layernorm, self.midlayer.hidden_norm,
                      self.midlayer.post_attention_layernorm):
             norm.weight.requires_grad_(True)  # the engine's RMSNorm is frozen by default; the head trains it
@@ -338,22 +337,9 @@ class Eagle3Head(nn.Module):
         out = self.midlayer.finish(attend(q, k, v, mask), hidden)  # [B, L, d]
         return out, self.logits(out)
 
-    def _d2t_on(self, device: torch.device) -> torch.Tensor:  # [draft_vocab]
-        """d2t on `device`: the buffer itself, or a copy kept for inputs from another device (CPU draft ids
-        while the head runs on CUDA), made again whenever d2t is replaced, moved or written in place."""
-        d2t = self.d2t
-        if device == d2t.device:
-            return d2t
-        if d2t.is_inference():  # no version counter to tell a stale copy by: copy every time
-            return d2t.to(device)
-        key = (device, d2t.data_ptr(), d2t._version)
-        if self._d2t_copy is None or self._d2t_copy[0] != key:
-            self._d2t_copy = (key, d2t.to(device))
-        return self._d2t_copy[1]
-
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:  # [...] draft ids -> [...] target ids
         """On the device of `draft_ids`, whatever the head's."""
-        return draft_ids + self._d2t_on(draft_ids.device)[draft_ids]
+        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]  # no copy when on the same device
 
     def to_target_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
         """rows [n, draft_vocab] -> [n, vocab] float32 on the rows' device, `fill` where the draft cannot go
