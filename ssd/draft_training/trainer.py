@@ -47,6 +47,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     is_feature_norm: bool = True  # RMS-normalize each target feature layer before fc (see Eagle3Config)
     is_bf16_autocast: bool = True  # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on these CPUs
+    # Regularizers against overfitting the few hundred thousand positions a CPU budget allows:
+    feature_noise: float = 0.0  # Gaussian noise on the target features, std relative to each layer's RMS
+    is_lm_head_frozen: bool = False  # keep the lm_head rows copied from the target (EAGLE-1 style)
 
 
 def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
@@ -63,10 +66,20 @@ def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_prob
     return loss, hit.sum() / (weights > 0).float().sum().clamp(min=1)
 
 
+def noisy_features(features: torch.Tensor, std: float, layer_size: int) -> torch.Tensor:
+    """features [..., n*layer_size] plus N(0, (std * RMS of its layer)^2) per element (the global torch RNG)."""
+    parts = features.unflatten(-1, (-1, layer_size))  # [..., n, layer_size]
+    rms = parts.pow(2).mean(-1, keepdim=True).sqrt()  # [..., n, 1]
+    return (parts + std * rms * torch.randn_like(parts)).flatten(-2)
+
+
 def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig) -> tuple[torch.Tensor, list[float], list[float]]:
     """Total weighted loss over the unroll steps, plus per-step loss and top-1 agreement (for logs)."""
+    features = batch.features  # [B, L, 3*d_target]
+    if head.training and config.feature_noise > 0:
+        features = noisy_features(features, config.feature_noise, head.config.target_hidden_size)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.is_bf16_autocast):
-        hidden = head.fuse(batch.features)  # [B, L, d]
+        hidden = head.fuse(features)  # [B, L, d]
         per_step = unrolled_logits(head, batch.input_ids, hidden, batch.attention_mask, config.num_unroll)
     length = batch.input_ids.shape[1]
     total = torch.zeros(())
@@ -95,6 +108,7 @@ def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
         head.norm.weight.copy_(weights["model.norm.weight"].float())
         head.d2t.copy_(vocab.d2t)
         head.t2d.copy_(vocab.t2d)
+    head.lm_head.weight.requires_grad_(not config.is_lm_head_frozen)
     return head
 
 

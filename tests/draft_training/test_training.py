@@ -3,8 +3,8 @@
 import torch
 
 from ssd.draft_training.dataset import DistilledSequence, batch_plan, make_batch
-from ssd.draft_training.draft_vocab import choose_draft_vocab, token_mass
-from ssd.draft_training.trainer import TrainConfig, batch_loss
+from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
+from ssd.draft_training.trainer import TrainConfig, batch_loss, init_head, noisy_features
 from ssd.draft_training.unroll import unrolled_logits
 from tests.models.test_eagle3 import tiny_head
 
@@ -27,11 +27,11 @@ def test_vocab_trimming_and_maps_round_trip():
     assert clamped.size == 3
 
 
-def _sequence(n: int, prompt_len: int, seed: int) -> DistilledSequence:
+def _sequence(n: int, prompt_len: int, seed: int, width: int = 72) -> DistilledSequence:
     g = torch.Generator().manual_seed(seed)
     return DistilledSequence(
         tokens=torch.randint(0, 96, (n,), generator=g),
-        features=torch.randn(n, 72, generator=g).to(torch.bfloat16),
+        features=torch.randn(n, width, generator=g).to(torch.bfloat16),
         topk_ids=torch.randint(0, 96, (n, 4), generator=g),
         topk_logprobs=torch.log_softmax(torch.randn(n, 4, generator=g) * 3, -1),
         prompt_len=prompt_len,
@@ -42,7 +42,9 @@ def _fixed_batch(head, num_unroll: int = 2):  # type: ignore[no-untyped-def]
     index = torch.full((96,), -1, dtype=torch.long)
     target_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
     index[target_ids] = torch.arange(head.config.draft_vocab_size)
-    return make_batch([_sequence(12, 4, 0), _sequence(9, 3, 1)], index, num_unroll, prompt_loss_weight=0.5)
+    width = 3 * head.config.target_hidden_size
+    seqs = [_sequence(12, 4, 0, width), _sequence(9, 3, 1, width)]
+    return make_batch(seqs, index, num_unroll, prompt_loss_weight=0.5)
 
 
 def test_batch_alignment():
@@ -100,3 +102,37 @@ def test_one_training_step_lowers_the_loss():
     with torch.no_grad():
         after, _, _ = batch_loss(head, batch, config)
     assert float(after) < float(before.detach())
+
+
+def test_feature_noise_scales_with_each_layer_and_only_applies_while_training():
+    torch.manual_seed(0)
+    layers = torch.cat([torch.randn(4000, 8), 100 * torch.randn(4000, 8)], dim=-1)  # two layers, RMS 1 and 100
+    noise = noisy_features(layers, 0.1, 8) - layers  # [4000, 16]
+    assert abs(float(noise[:, :8].std()) - 0.1) < 0.01
+    assert abs(float(noise[:, 8:].std()) - 10.0) < 1.0
+
+    head = tiny_head()
+    batch = _fixed_batch(head)
+    config = TrainConfig(target="unused", num_unroll=2, feature_noise=0.5)
+    head.eval()
+    with torch.no_grad():  # evaluation sees the true features: the same loss twice
+        assert float(batch_loss(head, batch, config)[0]) == float(batch_loss(head, batch, config)[0])
+    head.train()
+    with torch.no_grad():
+        assert float(batch_loss(head, batch, config)[0]) != float(batch_loss(head, batch, config)[0])
+
+
+def test_frozen_lm_head_keeps_the_target_rows(tiny_llama):
+    vocab = DraftVocab(torch.arange(0, 96, 2), 96, 1.0)  # every other target token
+    config = TrainConfig(target=str(tiny_llama), num_unroll=2, is_lm_head_frozen=True)
+    head = init_head(config, vocab).train()
+    before = head.lm_head.weight.detach().clone()  # the target's rows
+    trained = [p for p in head.parameters() if p.requires_grad]
+    assert all(p is not head.lm_head.weight for p in trained)
+    optimizer = torch.optim.AdamW(trained, lr=1e-2)
+    fc_before = head.fc.weight.detach().clone()
+    loss, _, _ = batch_loss(head, _fixed_batch(head), config)
+    loss.backward()
+    optimizer.step()
+    assert torch.equal(head.lm_head.weight, before)
+    assert not torch.equal(head.fc.weight, fc_before)  # the rest of the head still learns
