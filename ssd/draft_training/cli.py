@@ -55,7 +55,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
         max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
         max_train_minutes=max_train_minutes, feature_noise=args.feature_noise,
-        is_lm_head_frozen=args.freeze_lm_head,
     )
     summary = train_head(train, shards, out, work / "checkpoints")
     num_generated = sum(1 for p in shards if p.name.startswith("shard-"))
@@ -148,8 +147,6 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--prompt-loss-weight", type=float, default=0.3)
     t.add_argument("--feature-noise", type=float, default=0.0,
                    help="Gaussian noise on the target features while training, std relative to each layer's RMS")
-    t.add_argument("--freeze-lm-head", action="store_true",
-                   help="keep the lm_head rows copied from the target instead of training them")
     t.add_argument("--max-train-minutes", type=float, default=None, help="stop training after this long")
     t.add_argument("--max-total-minutes", type=float, default=None,
                    help="time budget for data + training: training stops early enough for the whole run to fit")
