@@ -37,6 +37,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         num_code_chat=args.num_code_chat, num_docs=args.num_docs, num_tasks=args.num_tasks,
         max_new_tokens=args.max_new_tokens,
         top_k=args.top_k, dtype=args.dtype, num_threads=args.threads, max_shards=args.max_data_shards,
+        aux_layers=args.aux_layers,
     )
     shards = generate_data(data, data_dir)
     if args.num_corpus_windows:
@@ -54,7 +55,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
         num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
         max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
-        max_train_minutes=max_train_minutes, feature_noise=args.feature_noise,
+        max_train_minutes=max_train_minutes, aux_layers=data.resolved_aux_layers(),
     )
     summary = train_head(train, shards, out, work / "checkpoints")
     num_generated = sum(1 for p in shards if p.name.startswith("shard-"))
@@ -114,6 +115,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _aux_layers(text: str) -> tuple[int, int, int]:
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        layers = ()
+    if len(layers) != 3 or min(layers) < 0 or list(layers) != sorted(set(layers)):
+        raise argparse.ArgumentTypeError(f"expected three increasing layer indices like 2,15,27; got {text!r}")
+    return layers  # type: ignore[return-value]
+
+
 def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     """Register `train-draft` and `eval-draft` on the `ssd` command's subparsers."""
     t = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a target by self-distillation")
@@ -134,6 +145,8 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
                    help="generate only the first N shards of 64 prompts (a fixed prefix); default all 19")
     t.add_argument("--num-corpus-windows", type=int, default=512,
                    help="teacher-forced windows of real text (stdlib source, package docs); 0 = none")
+    t.add_argument("--aux-layers", type=_aux_layers, default=None, metavar="A,B,C",
+                   help="the three target layers whose entering residual stream the head reads; default 2,L/2,L-3")
     t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")
     t.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="target dtype for data")
     t.add_argument("--threads", type=int, default=None)
@@ -145,8 +158,6 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--min-draft-vocab", type=int, default=8192)
     t.add_argument("--max-draft-vocab", type=int, default=12288)
     t.add_argument("--prompt-loss-weight", type=float, default=0.3)
-    t.add_argument("--feature-noise", type=float, default=0.0,
-                   help="Gaussian noise on the target features while training, std relative to each layer's RMS")
     t.add_argument("--max-train-minutes", type=float, default=None, help="stop training after this long")
     t.add_argument("--max-total-minutes", type=float, default=None,
                    help="time budget for data + training: training stops early enough for the whole run to fit")

@@ -47,7 +47,11 @@ class DataConfig:
     aux_layers: tuple[int, int, int] | None = None  # default: (2, L // 2, L - 3)
 
     def resolved_aux_layers(self) -> tuple[int, int, int]:
-        return self.aux_layers or default_aux_layers(load_model_config(Path(self.target)).num_hidden_layers)
+        num_layers = load_model_config(Path(self.target)).num_hidden_layers
+        if self.aux_layers and max(self.aux_layers) >= num_layers:
+            raise InvalidRequestError(f"aux layers {list(self.aux_layers)} must be below the target's "
+                                      f"{num_layers} layers (layer i = the residual stream entering layer i)")
+        return self.aux_layers or default_aux_layers(num_layers)
 
 
 def _check_manifest(cache: Path, config: DataConfig) -> None:

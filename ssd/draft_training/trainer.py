@@ -47,9 +47,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     is_feature_norm: bool = True  # RMS-normalize each target feature layer before fc (see Eagle3Config)
     is_bf16_autocast: bool = True  # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on these CPUs
-    # Against overfitting the few hundred thousand positions a CPU budget allows. (Freezing the lm_head rows
-    # copied from the target, EAGLE-1 style, was measured too and lost: validation top-1 0.408 vs 0.425.)
-    feature_noise: float = 0.0  # Gaussian noise on the target features, std relative to each layer's RMS
+    aux_layers: tuple[int, int, int] | None = None  # the layers the data's features come from; None = default
 
 
 def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
@@ -66,20 +64,10 @@ def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_prob
     return loss, hit.sum() / (weights > 0).float().sum().clamp(min=1)
 
 
-def noisy_features(features: torch.Tensor, std: float, layer_size: int) -> torch.Tensor:
-    """features [..., n*layer_size] plus N(0, (std * RMS of its layer)^2) per element (the global torch RNG)."""
-    parts = features.unflatten(-1, (-1, layer_size))  # [..., n, layer_size]
-    rms = parts.pow(2).mean(-1, keepdim=True).sqrt()  # [..., n, 1]
-    return (parts + std * rms * torch.randn_like(parts)).flatten(-2)
-
-
 def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig) -> tuple[torch.Tensor, list[float], list[float]]:
     """Total weighted loss over the unroll steps, plus per-step loss and top-1 agreement (for logs)."""
-    features = batch.features  # [B, L, 3*d_target]
-    if head.training and config.feature_noise > 0:
-        features = noisy_features(features, config.feature_noise, head.config.target_hidden_size)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.is_bf16_autocast):
-        hidden = head.fuse(features)  # [B, L, d]
+        hidden = head.fuse(batch.features)  # [B, L, d]
         per_step = unrolled_logits(head, batch.input_ids, hidden, batch.attention_mask, config.num_unroll)
     length = batch.input_ids.shape[1]
     total = torch.zeros(())
@@ -101,8 +89,9 @@ def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
     embedding = weights["model.embed_tokens.weight"].float()  # [V, d]
     lm_head = weights.get("lm_head.weight", embedding).float()
     torch.manual_seed(config.seed)
-    head = Eagle3Head(Eagle3Config.from_target(target_config, vocab.size, feature_norm=config.is_feature_norm),
-                      embedding)
+    head_config = Eagle3Config.from_target(target_config, vocab.size, aux_layers=config.aux_layers,
+                                           feature_norm=config.is_feature_norm)
+    head = Eagle3Head(head_config, embedding)
     with torch.no_grad():
         head.lm_head.weight.copy_(lm_head[vocab.target_ids])
         head.norm.weight.copy_(weights["model.norm.weight"].float())

@@ -1,9 +1,14 @@
 """Self-distillation data on the real default model: shards hold the target's answers with their features,
 and a finished cache is reused, never regenerated."""
 
+import argparse
+
+import pytest
 from safetensors.torch import load_file
 
+from ssd.draft_training.cli import add_draft_training_commands
 from ssd.draft_training.data_gen import DataConfig, generate_data
+from ssd.errors import InvalidRequestError
 
 
 def test_shards_are_written_once_and_reused(default_model_path, tmp_path):
@@ -19,3 +24,16 @@ def test_shards_are_written_once_and_reused(default_model_path, tmp_path):
     mtimes = [p.stat().st_mtime_ns for p in paths]
     again = generate_data(config, tmp_path / "data")
     assert again == paths and [p.stat().st_mtime_ns for p in again] == mtimes
+
+
+def test_aux_layers_flag_and_range(tiny_llama):
+    parser = argparse.ArgumentParser()
+    add_draft_training_commands(parser.add_subparsers())
+    args = parser.parse_args(["train-draft", "--target", "t", "--out", "o", "--aux-layers", "2,15,29"])
+    assert args.aux_layers == (2, 15, 29)
+    for bad in ("2,15", "15,2,29", "a,b,c", "2,2,29"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["train-draft", "--target", "t", "--out", "o", "--aux-layers", bad])
+    assert DataConfig(target=str(tiny_llama), aux_layers=(0, 1, 2)).resolved_aux_layers() == (0, 1, 2)
+    with pytest.raises(InvalidRequestError, match="below the target's 3 layers"):
+        DataConfig(target=str(tiny_llama), aux_layers=(0, 1, 3)).resolved_aux_layers()
