@@ -18,6 +18,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", default="cpu",
                    help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
     s.add_argument("--targets", type=int, default=1, help="target replicas")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address the gateway listens on (0.0.0.0 inside a container); model services stay on localhost")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
     s.add_argument("--k", type=int, default=4, help="lookahead K")
@@ -33,7 +35,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from deploy.local import StackConfig, start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
 
     config = StackConfig(model=args.model, draft=None if args.draft == "none" else args.draft, dtype=args.dtype,
-                         device=args.device, num_targets=args.targets, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
+                         device=args.device, num_targets=args.targets, host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
                          default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)

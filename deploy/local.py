@@ -33,6 +33,7 @@ class StackConfig:
     dtype: str = "bfloat16"
     device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
+    host: str = "127.0.0.1"  # where the gateway listens (0.0.0.0 in a container); the model services stay local
     http_port: int = 8000
     grpc_port: int = 50050
     k: int = 4  # lookahead K
@@ -115,7 +116,7 @@ def start_target(stack: Stack, index: int, core: int | None) -> Child:
 
 def start_gateway(stack: Stack) -> Child:
     c = stack.config
-    args = ["gateway", "--http-address", f"127.0.0.1:{c.http_port}", "--grpc-address", stack.grpc_address,
+    args = ["gateway", "--http-address", f"{c.host}:{c.http_port}", "--grpc-address", f"{c.host}:{c.grpc_port}",
             "--health-interval-s", str(c.health_interval_s)]
     for address in stack.target_addresses:
         args += ["--target", address]

@@ -1,0 +1,160 @@
+"""The Kubernetes manifests and the Dockerfile agree with the services they run.
+
+Each overlay is rendered with `kubectl kustomize` (kubectl ships Kustomize), then every container's
+arguments are parsed by the service's own flag parser, and the wiring is followed end to end: gateway ->
+target replicas (StatefulSet DNS names on the headless Service), target -> draft (a Service, or a
+container in the same pod), probes and Services -> declared container ports, NetworkPolicies -> pods.
+No cluster is needed; no image is built (that needs a Docker daemon).
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draft_service.config import parse_args as parse_draft_args
+from gateway.config import parse_args as parse_gateway_args
+from target_service.config import parse_args as parse_target_args
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = ["cpu", "gpu"]
+PARSERS = {"target_service": parse_target_args, "draft_service": parse_draft_args, "gateway": parse_gateway_args}
+
+
+def render(folder: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is needed to render the Kustomize overlays (it bundles kustomize)")
+    out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def workloads(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def containers(docs: list[dict]) -> list[tuple[dict, dict]]:
+    return [(w, c) for w in workloads(docs) for c in w["spec"]["template"]["spec"]["containers"]]
+
+
+def service_of(container: dict) -> str:
+    assert container["command"][:2] == ["python", "-m"], container["command"]
+    return container["command"][2]
+
+
+def parse(container: dict, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    for key in [k for k in os.environ if k.startswith("SSD_")]:
+        monkeypatch.delenv(key)
+    for env in container.get("env", []):
+        if "secretKeyRef" in env.get("valueFrom", {}):
+            monkeypatch.setenv(env["name"], "a-key-from-the-secret")
+    return PARSERS[service_of(container)](container["args"])
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def declared_ports(container: dict) -> dict[str, int]:
+    return {p.get("name", str(p["containerPort"])): p["containerPort"] for p in container.get("ports", [])}
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict]]:
+    return request.param, render(K8S / "overlays" / request.param)
+
+
+def test_every_container_parses_with_its_service_flags_and_listens_on_a_declared_port(overlay, monkeypatch):
+    _, docs = overlay
+    seen = set()
+    for _, c in containers(docs):
+        config = parse(c, monkeypatch)
+        seen.add(service_of(c))
+        addresses = [config.http_address, config.grpc_address] if service_of(c) == "gateway" else [config.address]
+        for address in addresses:
+            assert address.startswith("0.0.0.0:"), f"{c['name']} must listen on the pod IP for probes: {address}"
+            assert port_of(address) in declared_ports(c).values(), (c["name"], address)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if probe in c:
+                spec = c[probe].get("grpc") or c[probe].get("httpGet")
+                port = spec["port"]
+                assert (declared_ports(c)[port] if isinstance(port, str) else port) in declared_ports(c).values()
+    assert seen == {"target_service", "draft_service", "gateway"}
+
+
+def test_gateway_targets_are_the_statefulset_replicas_on_the_headless_service(overlay, monkeypatch):
+    _, docs = overlay
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    headless = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    target_container = next(c for c in sts["spec"]["template"]["spec"]["containers"] if service_of(c) == "target_service")
+    target_port = port_of(parse(target_container, monkeypatch).address)
+    assert headless["spec"]["ports"][0]["port"] == target_port
+    (gateway,) = [c for _, c in containers(docs) if service_of(c) == "gateway"]
+    targets = parse(gateway, monkeypatch).targets
+    name, service = sts["metadata"]["name"], headless["metadata"]["name"]
+    assert sorted(targets) == [f"{name}-{i}.{service}:{target_port}" for i in range(sts["spec"]["replicas"])]
+
+
+def test_each_target_reaches_a_draft(overlay, monkeypatch):
+    _, docs = overlay
+    for workload, c in containers(docs):
+        if service_of(c) != "target_service":
+            continue
+        host, port = parse(c, monkeypatch).draft_address.rsplit(":", 1)
+        if host == "127.0.0.1":  # a draft container in the same pod
+            pod = workload["spec"]["template"]["spec"]["containers"]
+            drafts = [d for d in pod if service_of(d) == "draft_service"]
+            assert [port_of(parse(d, monkeypatch).address) for d in drafts] == [int(port)]
+            assert all(any(m["mountPath"] == "/dev/shm" for m in x["volumeMounts"]) for x in [c, *drafts])
+        else:
+            service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == host)
+            assert service["spec"]["ports"][0]["port"] == int(port)
+            pods = [w for w in workloads(docs) if matches(service["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
+            assert [service_of(x) for w in pods for x in w["spec"]["template"]["spec"]["containers"]] == ["draft_service"]
+
+
+def test_services_and_network_policies_select_real_pods(overlay):
+    _, docs = overlay
+    pods = {w["metadata"]["name"]: w["spec"]["template"] for w in workloads(docs)}
+    for svc in [d for d in docs if d["kind"] == "Service"]:
+        selected = [t for t in pods.values() if matches(svc["spec"]["selector"], t["metadata"]["labels"])]
+        assert len(selected) == 1, svc["metadata"]["name"]
+        names = {n for c in selected[0]["spec"]["containers"] for n in declared_ports(c)}
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= names
+    for policy in [d for d in docs if d["kind"] == "NetworkPolicy"]:
+        protected = [t for t in pods.values() if matches(policy["spec"]["podSelector"]["matchLabels"], t["metadata"]["labels"])]
+        assert len(protected) == 1, policy["metadata"]["name"]
+        for rule in policy["spec"]["ingress"]:
+            for source in rule["from"]:
+                assert any(matches(source["podSelector"]["matchLabels"], t["metadata"]["labels"]) for t in pods.values())
+
+
+def test_images_and_gpu_requests(overlay):
+    name, docs = overlay
+    for _, c in containers(docs):
+        assert c["image"] == f"ssd-serve:{'cuda' if name == 'gpu' else 'cpu'}"
+        gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        if name == "gpu" and service_of(c) != "gateway":
+            assert gpus == 1 and "--device=cuda" in c["args"]
+        else:
+            assert gpus is None and "--device=cuda" not in c["args"]
+
+
+def test_dockerfile_copies_what_the_package_needs():
+    text = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    copied = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ")]
+    for source in copied:
+        assert (ROOT / source).exists(), source
+    packages = {"ssd", "protos", "rpc", "target_service", "draft_service", "gateway", "deploy", "bench", "loadtest"}
+    assert packages | {"drafts", "pyproject.toml"} <= set(copied)
+    exposed = {int(p) for line in text.splitlines() if line.startswith("EXPOSE ") for p in line.split()[1:]}
+    assert exposed == {8000, 50050, 50051, 50052}
