@@ -3,9 +3,10 @@
 import torch
 
 from ssd.draft_training.dataset import DistilledSequence, batch_plan, make_batch
-from ssd.draft_training.draft_vocab import choose_draft_vocab, token_mass
-from ssd.draft_training.trainer import TrainConfig, batch_loss
+from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
+from ssd.draft_training.trainer import TrainConfig, batch_loss, init_head
 from ssd.draft_training.unroll import unrolled_logits
+from ssd.models.eagle3 import default_aux_layers
 from tests.models.test_eagle3 import tiny_head
 
 
@@ -27,11 +28,11 @@ def test_vocab_trimming_and_maps_round_trip():
     assert clamped.size == 3
 
 
-def _sequence(n: int, prompt_len: int, seed: int, width: int = 72) -> DistilledSequence:
+def _sequence(n: int, prompt_len: int, seed: int) -> DistilledSequence:
     g = torch.Generator().manual_seed(seed)
     return DistilledSequence(
         tokens=torch.randint(0, 96, (n,), generator=g),
-        features=torch.randn(n, width, generator=g).to(torch.bfloat16),
+        features=torch.randn(n, 72, generator=g).to(torch.bfloat16),
         topk_ids=torch.randint(0, 96, (n, 4), generator=g),
         topk_logprobs=torch.log_softmax(torch.randn(n, 4, generator=g) * 3, -1),
         prompt_len=prompt_len,
@@ -42,9 +43,7 @@ def _fixed_batch(head, num_unroll: int = 2):  # type: ignore[no-untyped-def]
     index = torch.full((96,), -1, dtype=torch.long)
     target_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
     index[target_ids] = torch.arange(head.config.draft_vocab_size)
-    width = 3 * head.config.target_hidden_size
-    seqs = [_sequence(12, 4, 0, width), _sequence(9, 3, 1, width)]
-    return make_batch(seqs, index, num_unroll, prompt_loss_weight=0.5)
+    return make_batch([_sequence(12, 4, 0), _sequence(9, 3, 1)], index, num_unroll, prompt_loss_weight=0.5)
 
 
 def test_batch_alignment():
@@ -103,3 +102,10 @@ def test_one_training_step_lowers_the_loss():
         after, _, _ = batch_loss(head, batch, config)
     assert float(after) < float(before.detach())
 
+
+def test_head_config_carries_the_data_aux_layers(tiny_llama):
+    vocab = DraftVocab(torch.arange(0, 96, 2), 96, 1.0)  # every other target token
+    head = init_head(TrainConfig(target=str(tiny_llama), aux_layers=(0, 1, 2)), vocab)
+    assert head.config.aux_layers == (0, 1, 2)
+    default = init_head(TrainConfig(target=str(tiny_llama)), vocab).config.aux_layers
+    assert default == default_aux_layers(3)  # the tiny target has 3 layers
