@@ -39,9 +39,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         top_k=args.top_k, dtype=args.dtype, num_threads=args.threads, max_shards=args.max_data_shards,
         aux_layers=args.aux_layers,
     )
+    aux_layers = data.resolved_aux_layers()  # checked against the target's depth before any work starts
     shards = generate_data(data, data_dir)
     if args.num_corpus_windows:
-        corpus = CorpusConfig(target=data.target, aux_layers=data.resolved_aux_layers(), seed=args.seed,
+        corpus = CorpusConfig(target=data.target, aux_layers=aux_layers, seed=args.seed,
                               num_windows=args.num_corpus_windows, top_k=args.top_k, dtype=args.dtype)
         shards += generate_corpus_data(corpus, work / "corpus")
     data_s = time.perf_counter() - started
@@ -55,7 +56,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
         num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
         max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
-        max_train_minutes=max_train_minutes, aux_layers=data.resolved_aux_layers(),
+        max_train_minutes=max_train_minutes, aux_layers=aux_layers,
     )
     summary = train_head(train, shards, out, work / "checkpoints")
     num_generated = sum(1 for p in shards if p.name.startswith("shard-"))

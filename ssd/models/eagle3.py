@@ -98,6 +98,9 @@ class Eagle3Config:
                 aux = default_aux_layers(target_num_layers)
             if len(aux) != 3:
                 raise CheckpointError(f"EAGLE-3 aux_layers must name 3 layers, got {aux}")
+            if target_num_layers is not None and max(aux) >= target_num_layers:
+                raise CheckpointError(f"EAGLE-3 aux_layers {list(aux)} need a target deeper than its "
+                                      f"{target_num_layers} layers: this head was trained for another target")
             return cls(
                 hidden_size=hidden,
                 num_attention_heads=heads,

@@ -195,3 +195,11 @@ def test_forward_many_equals_one_sequence_at_a_time():
             torch.testing.assert_close(outs[i], out_i, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(logits[i], logits_i, rtol=1e-5, atol=1e-5)
             assert caches[i].length == solo[i].length == prefixes[i] + new[i]
+
+
+def test_config_refuses_aux_layers_beyond_the_target(tmp_path):
+    save_eagle3_head(tiny_head(), tmp_path)  # aux layers 0, 1, 2
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert Eagle3Config.from_dict(raw, target_num_layers=3).aux_layers == (0, 1, 2)
+    with pytest.raises(CheckpointError, match="trained for another target"):
+        Eagle3Config.from_dict(raw, target_num_layers=2)
