@@ -26,6 +26,8 @@ from ssd.models.eagle3 import Eagle3Config, Eagle3Head
 
 log = structlog.get_logger(__name__)
 
+LOG_EVERY = 20  # training steps between progress-bar updates and log lines of loss and top-1
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -51,20 +53,24 @@ class TrainConfig:
 
 
 def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
-                       weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, L, Vd]; label_ids/probs [B, L, k]; weights [B, L] -> (weighted mean loss, top-1 agreement)."""
+                       weights: torch.Tensor, with_top1: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, L, Vd]; label_ids/probs [B, L, k]; weights [B, L] -> (weighted mean loss, top-1 agreement;
+    NaN unless `with_top1`: the argmax over the vocabulary costs ~2% of a step, so only logged steps pay it)."""
     logp = torch.log_softmax(logits, dim=-1)  # [B, L, Vd]
     picked = logp.gather(-1, label_ids.clamp(min=0))  # [B, L, k]
     probs = label_probs / label_probs.sum(-1, keepdim=True).clamp(min=1e-9)  # renormalized to the draft vocab
     per_row = -(probs * picked).sum(-1)  # [B, L]
     weights = weights * (label_probs.sum(-1) > 0)
     loss = (per_row * weights).sum() / weights.sum().clamp(min=1e-9)
+    if not with_top1:
+        return loss, torch.tensor(float("nan"))
     best = label_ids.gather(-1, label_probs.argmax(-1, keepdim=True))[..., 0]  # [B, L] target's top draft id
     hit = ((logits.argmax(-1) == best) & (weights > 0)).float()
     return loss, hit.sum() / (weights > 0).float().sum().clamp(min=1)
 
 
-def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig) -> tuple[torch.Tensor, list[float], list[float]]:
+def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig,
+               with_top1: bool = True) -> tuple[torch.Tensor, list[float], list[float]]:
     """Total weighted loss over the unroll steps, plus per-step loss and top-1 agreement (for logs)."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.is_bf16_autocast):
         hidden = head.fuse(batch.features)  # [B, L, d]
@@ -75,7 +81,7 @@ def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig) -> tuple[tor
     for s, logits in enumerate(per_step):
         valid = batch.attention_mask.float()  # [B, L]: step s at j exists only where j is real
         loss, hit = soft_cross_entropy(logits, batch.label_ids[:, s : s + length], batch.label_probs[:, s : s + length],
-                                       batch.weights[:, s : s + length] * valid)
+                                       batch.weights[:, s : s + length] * valid, with_top1)
         total = total + config.step_decay**s * loss
         losses.append(float(loss.detach()))
         agree.append(float(hit))
@@ -155,7 +161,8 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     steps_per_epoch = len(batch_plan(lengths, config.batch_tokens, torch.Generator().manual_seed(0)))
     total_steps = max(1, int(config.epochs * steps_per_epoch))
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95),
+                                  fused=True)  # one kernel for all parameters: ~7% of a step saved on CPU
     step = _resume(head, optimizer, checkpoints, config)
     log.info("training", sequences=len(train_seqs), val_sequences=len(val_seqs), positions=sum(lengths),
              steps=total_steps, steps_per_epoch=steps_per_epoch, resumed_at=step,
@@ -171,15 +178,16 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
             lr = _learning_rate(config, step, progress())
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            loss, losses, agree = batch_loss(head, make([train_seqs[i] for i in group]), config)
+            is_logged = (step + 1) % LOG_EVERY == 0
+            loss, losses, agree = batch_loss(head, make([train_seqs[i] for i in group]), config, is_logged)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{losses[0]:.3f}", top1=f"{agree[0]:.3f}")
-            if step % 20 == 0:
+            if is_logged:
+                bar.set_postfix(loss=f"{losses[0]:.3f}", top1=f"{agree[0]:.3f}")
                 log.info("train step", step=step, loss=[round(x, 3) for x in losses],
                          top1=[round(x, 3) for x in agree], lr=round(lr, 6), progress=round(progress(), 3))
             if progress() >= 1.0:

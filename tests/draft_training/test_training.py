@@ -109,3 +109,19 @@ def test_head_config_carries_the_data_aux_layers(tiny_llama):
     assert head.config.aux_layers == (0, 1, 2)
     default = init_head(TrainConfig(target=str(tiny_llama)), vocab).config.aux_layers
     assert default == default_aux_layers(3)  # the tiny target has 3 layers
+
+
+def test_unroll_step_two_equals_incremental_drafting():
+    head = tiny_head()
+    ids, hidden = torch.randint(0, 96, (2, 7)), torch.randn(2, 7, 32)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 6:] = False  # a padded row in the batch must not change the real one
+    with torch.no_grad():
+        steps = unrolled_logits(head, ids, hidden, mask, num_steps=3)
+        j = 2  # a round after true position j: steps 1 and 2 read x_{j+2}, x_{j+3} and their own out_hidden
+        cache = head.new_cache()
+        out, _ = head(ids[0, : j + 1], hidden[0, : j + 1], cache)
+        out, _ = head(ids[0, j + 1 : j + 2], out[-1:], cache)
+        _, logits = head(ids[0, j + 2 : j + 3], out, cache)
+    torch.testing.assert_close(steps[2][0, j], logits[0], atol=1e-5, rtol=1e-5)
+
