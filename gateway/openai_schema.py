@@ -1,8 +1,30 @@
-"""OpenAI request bodies (the fields we honour; unknown fields are ignored as OpenAI clients send many)."""
+"""OpenAI request bodies: the fields we honour, and the OpenAI options we do not implement.
 
-from typing import Literal
+Those options are accepted at their neutral value and refused otherwise (a 400 naming the field), so no request
+silently gets something other than what it asked for. Other unknown fields (`user`, `store`, `metadata`, ...)
+are ignored, as OpenAI clients send many.
+"""
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
+
+# OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 class StreamOptions(BaseModel):
@@ -24,6 +46,28 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
     mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+    tools: Any = None
+    functions: Any = None
+    tool_choice: Any = None
+    function_call: Any = None
+    response_format: Any = None
+
+    @field_validator(*NEUTRAL_VALUES)
+    @classmethod
+    def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
+        if not any(value == neutral for neutral in NEUTRAL_VALUES[info.field_name]):  # type: ignore[index]
+            raise ValueError(f"{info.field_name}={value!r} is not supported by this server "
+                             f"(accepted: {', '.join(repr(v) for v in NEUTRAL_VALUES[info.field_name][1:])} "  # type: ignore[index]
+                             "or leave it out)")
+        return value
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:

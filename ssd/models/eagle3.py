@@ -27,8 +27,13 @@ from ssd.model_config import ModelConfig, RopeConfig, _rope_from
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """The three target layers whose entering residual stream feeds the head (as in EAGLE-3 / vLLM)."""
-    return (2, num_layers // 2, num_layers - 3)
+    """The three target layers whose entering residual stream feeds the head: (2, L/2, L-3) as in EAGLE-3 / vLLM
+    wherever those are three increasing layers (L >= 7); shallower targets (test models) get (0, L/2, L-1)."""
+    if num_layers < 3:
+        raise CheckpointError(f"an EAGLE-3 head reads three target layers; this target has {num_layers}")
+    if num_layers >= 7:
+        return (2, num_layers // 2, num_layers - 3)
+    return (0, num_layers // 2, num_layers - 1)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ a non-streaming request whose client disconnects has its generation cancelled.
 """
 
 import asyncio
+import json
 import threading
 import time
 from types import SimpleNamespace
@@ -111,6 +112,29 @@ def test_generation_errors_keep_their_status_through_the_disconnect_watch():
     gen = StubGenerator(error=InvalidRequest("the prompt is empty", param="prompt"))
     r = asyncio.run(_post(make_app(gen), b'{"prompt": "", "max_tokens": 5}'))
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", True), ("top_logprobs", 3),
+    ("logit_bias", {"50256": -100}), ("response_format", {"type": "json_object"}), ("best_of", 2),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True),
+])
+def test_unsupported_openai_options_are_refused_not_ignored(field, value):
+    gen = StubGenerator()
+    body = json.dumps({"prompt": "hi", "max_tokens": 5, field: value}).encode()
+    r = asyncio.run(_post(make_app(gen), body))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == field and "not supported" in r.json()["error"]["message"]
+    assert gen.requests == []
+
+
+def test_unsupported_openai_options_at_their_neutral_value_are_served():
+    gen = StubGenerator()
+    body = {"prompt": "hi", "max_tokens": 5, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None,
+            "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "none", "user": "u-1"}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    assert r.status_code == 200, r.text
+    assert gen.requests[0].prompt == "hi"
 
 
 @pytest.fixture

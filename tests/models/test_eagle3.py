@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from ssd.errors import CheckpointError
 from ssd.loader.eagle3_checkpoint import load_eagle3_head, save_eagle3_head
 from ssd.model_config import RopeConfig
-from ssd.models.eagle3 import Eagle3Config, Eagle3Head, HeadKVCache
+from ssd.models.eagle3 import Eagle3Config, Eagle3Head, HeadKVCache, default_aux_layers
 
 
 def tiny_head(seed: int = 0, vocab: int = 96, draft_vocab: int = 40) -> Eagle3Head:
@@ -203,3 +203,12 @@ def test_config_refuses_aux_layers_beyond_the_target(tmp_path):
     assert Eagle3Config.from_dict(raw, target_num_layers=3).aux_layers == (0, 1, 2)
     with pytest.raises(CheckpointError, match="trained for another target"):
         Eagle3Config.from_dict(raw, target_num_layers=2)
+
+
+def test_default_aux_layers_are_three_increasing_layers():
+    assert default_aux_layers(30) == (2, 15, 27)  # the public EAGLE-3 convention for real targets
+    for num_layers in range(3, 40):
+        low, mid, high = default_aux_layers(num_layers)
+        assert 0 <= low < mid < high < num_layers
+    with pytest.raises(CheckpointError):
+        default_aux_layers(2)
