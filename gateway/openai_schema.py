@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, f
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
@@ -44,8 +45,8 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1)
     mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
+    n: Any = None
     frequency_penalty: Any = None
     presence_penalty: Any = None
     logit_bias: Any = None

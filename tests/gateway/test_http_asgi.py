@@ -117,7 +117,7 @@ def test_generation_errors_keep_their_status_through_the_disconnect_watch():
 @pytest.mark.parametrize(("field", "value"), [
     ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", True), ("top_logprobs", 3),
     ("logit_bias", {"50256": -100}), ("response_format", {"type": "json_object"}), ("best_of", 2),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True), ("n", 2),
 ])
 def test_unsupported_openai_options_are_refused_not_ignored(field, value):
     gen = StubGenerator()
@@ -131,7 +131,7 @@ def test_unsupported_openai_options_are_refused_not_ignored(field, value):
 def test_unsupported_openai_options_at_their_neutral_value_are_served():
     gen = StubGenerator()
     body = {"prompt": "hi", "max_tokens": 5, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None,
-            "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "none", "user": "u-1"}
+            "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "none", "user": "u-1", "n": 1}
     r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
     assert r.status_code == 200, r.text
     assert gen.requests[0].prompt == "hi"
