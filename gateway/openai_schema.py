@@ -64,10 +64,10 @@ class _Sampling(BaseModel):
     @field_validator(*NEUTRAL_VALUES)
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
-        if not any(value == neutral for neutral in NEUTRAL_VALUES[info.field_name]):  # type: ignore[index]
-            raise ValueError(f"{info.field_name}={value!r} is not supported by this server "
-                             f"(accepted: {', '.join(repr(v) for v in NEUTRAL_VALUES[info.field_name][1:])} "  # type: ignore[index]
-                             "or leave it out)")
+        name = str(info.field_name)
+        if not any(value == neutral for neutral in NEUTRAL_VALUES[name]):
+            accepted = ", ".join(repr(v) for v in NEUTRAL_VALUES[name][1:])
+            raise ValueError(f"{name}={value!r} is not supported by this server (accepted: {accepted} or leave it out)")
         return value
 
     def stop_list(self) -> tuple[str, ...]:

@@ -162,7 +162,7 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     total_steps = max(1, int(config.epochs * steps_per_epoch))
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95),
-                                  fused=True)  # one kernel for all parameters: ~7% of a step saved on CPU
+                                  fused=True)  # one kernel for all parameters (the per-tensor loop was ~7% of a step)
     step = _resume(head, optimizer, checkpoints, config)
     log.info("training", sequences=len(train_seqs), val_sequences=len(val_seqs), positions=sum(lengths),
              steps=total_steps, steps_per_epoch=steps_per_epoch, resumed_at=step,

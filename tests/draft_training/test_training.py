@@ -124,4 +124,3 @@ def test_unroll_step_two_equals_incremental_drafting():
         out, _ = head(ids[0, j + 1 : j + 2], out[-1:], cache)
         _, logits = head(ids[0, j + 2 : j + 3], out, cache)
     torch.testing.assert_close(steps[2][0, j], logits[0], atol=1e-5, rtol=1e-5)
-
