@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 from tqdm.auto import tqdm
 
-from ssd.draft_training.data_gen import write_shard
+from ssd.draft_training.data_gen import save_shard
 from ssd.draft_training.target_features import TargetFeatureExtractor
 from ssd.errors import InvalidRequestError
 from ssd.loader.model_loader import parse_dtype
@@ -96,6 +96,6 @@ def generate_corpus_data(config: CorpusConfig, cache: Path) -> list[Path]:
     for i in tqdm([i for i in todo if i < len(paths)], desc="corpus data (shards)", unit="shard"):
         started = time.perf_counter()
         group = windows[i * config.shard_size : (i + 1) * config.shard_size]
-        num = write_shard(paths[i], [[] for _ in group], group, extractor, config.top_k, prompt_lens=[0] * len(group))
+        num = save_shard(paths[i], extractor.capture(group, [0] * len(group), config.top_k))
         log.info("corpus shard written", shard=i, tokens=num, seconds=round(time.perf_counter() - started, 1))
     return paths

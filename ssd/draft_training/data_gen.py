@@ -1,5 +1,6 @@
-"""Self-distillation data: the target answers the training prompts, then one teacher-forced forward over
-prompt + answer captures its features and top-k next-token log-probabilities, stored as shards on disk.
+"""Self-distillation data: the target answers the training prompts, and the forwards that generate the answers
+also capture its features and top-k next-token log-probabilities (capture_generation.py), stored as shards on
+disk.
 
 Resumable: each shard (a fixed slice of the deterministic prompt list) is written atomically and skipped
 when present; the cache folder's manifest must match the options, so a stale cache is never mixed in.
@@ -15,12 +16,15 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ssd.draft_training.capture_generation import generate_captured
 from ssd.draft_training.prompts import TrainingPrompt, build_training_prompts
-from ssd.draft_training.target_features import TargetFeatureExtractor
+from ssd.draft_training.target_features import CapturedSequence, TargetFeatureExtractor
 from ssd.errors import InvalidRequestError
 from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import load_model_config
 from ssd.models.eagle3 import default_aux_layers
+from ssd.sampling.params import SamplingParams
+from ssd.tokenizer import Tokenizer, load_tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -70,31 +74,23 @@ def _check_manifest(cache: Path, config: DataConfig) -> None:
         path.write_text(json.dumps(want, indent=2) + "\n")
 
 
-def _encode(llm, prompt: TrainingPrompt, max_tokens: int) -> list[int] | None:  # type: ignore[no-untyped-def]
+def _encode(tokenizer: Tokenizer, prompt: TrainingPrompt, max_tokens: int) -> list[int] | None:
     if prompt.is_chat:
-        ids = llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": prompt.text}]))
+        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}]))
         return ids if len(ids) <= max_tokens else None
-    return llm.tokenizer.encode(prompt.text)[-max_tokens:]
+    return tokenizer.encode(prompt.text)[-max_tokens:]
 
 
-def write_shard(path: Path, prompts_ids: list[list[int]], answers: list[list[int]],
-                extractor: TargetFeatureExtractor, top_k: int, prompt_lens: list[int] | None = None) -> int:
-    """Capture and store one shard atomically; returns its number of positions."""
-    sequences = [p + a for p, a in zip(prompts_ids, answers, strict=True)]
-    captured = extractor.extract(sequences)
-    topk_ids, topk_logprobs = [], []
-    for c in captured:
-        values, ids = torch.log_softmax(c.logits, dim=-1).topk(top_k, dim=-1)  # [n, k]
-        topk_ids.append(ids.to(torch.int32))
-        topk_logprobs.append(values)
-    lengths = torch.tensor([len(s) for s in sequences])
+def save_shard(path: Path, captured: list[CapturedSequence]) -> int:
+    """Store one shard atomically; returns its number of positions."""
+    lengths = torch.tensor([len(c.tokens) for c in captured])
     tensors = {
-        "tokens": torch.tensor([t for s in sequences for t in s], dtype=torch.int32),  # [N]
+        "tokens": torch.tensor([t for c in captured for t in c.tokens], dtype=torch.int32),  # [N]
         "features": torch.cat([c.features for c in captured]).to(torch.bfloat16),  # [N, 3*d]
-        "topk_ids": torch.cat(topk_ids),  # [N, k] target ids
-        "topk_logprobs": torch.cat(topk_logprobs).float(),  # [N, k]
+        "topk_ids": torch.cat([c.topk_ids for c in captured]).to(torch.int32),  # [N, k] target ids
+        "topk_logprobs": torch.cat([c.topk_logprobs for c in captured]).float(),  # [N, k]
         "seq_starts": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),  # [S + 1]
-        "prompt_lens": torch.tensor(prompt_lens or [len(p) for p in prompts_ids]),  # [S]
+        "prompt_lens": torch.tensor([c.prompt_len for c in captured]),  # [S]
     }
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
@@ -102,11 +98,16 @@ def write_shard(path: Path, prompts_ids: list[list[int]], answers: list[list[int
     return int(lengths.sum())
 
 
+def eos_token_ids(target: Path, tokenizer: Tokenizer) -> frozenset[int]:
+    """The ids that end an answer: the checkpoint's EOS ids plus the tokenizer's (as the serving engine stops)."""
+    eos = set(load_model_config(target).eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return frozenset(eos)
+
+
 def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     """Fill `cache` with every shard (skipping finished ones); returns the shard paths in order."""
-    from ssd.llm import LLM  # the engine: heavy, imported when data is really generated
-    from ssd.sampling.params import SamplingParams
-
     cache = Path(cache)
     _check_manifest(cache, config)
     prompts = build_training_prompts(config.seed, config.num_chat, config.num_code_stubs,
@@ -118,19 +119,24 @@ def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     log.info("draft data", prompts=len(prompts), shards=len(shards), to_generate=len(todo), cache=str(cache))
     if not todo:
         return [p for p in paths if p.is_file()]
-    llm = LLM(config.target, dtype=config.dtype, num_threads=config.num_threads,
-              max_num_seqs=config.shard_size, seed=config.seed)
-    extractor = TargetFeatureExtractor(Path(config.target), parse_dtype(config.dtype),
-                                       config.resolved_aux_layers(), max_batch_tokens=2048)
+    target = Path(config.target)
+    tokenizer = load_tokenizer(target)
+    if tokenizer is None:
+        raise InvalidRequestError(f"{target} has no tokenizer; draft data needs text prompts")
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    extractor = TargetFeatureExtractor(target, parse_dtype(config.dtype), config.resolved_aux_layers(),
+                                       max_batch_tokens=2048)
     params = SamplingParams(temperature=config.temperature, max_tokens=config.max_new_tokens, seed=config.seed)
+    eos = eos_token_ids(target, tokenizer)
     bar = tqdm(todo, desc="draft data (shards)", unit="shard")
     for i in bar:
         started = time.perf_counter()
-        encoded = [ids for ids in (_encode(llm, p, config.max_prompt_tokens) for p in shards[i]) if ids]
-        outputs = llm.generate(encoded, params)
-        answers = [o.token_ids for o in outputs]
-        num_tokens = write_shard(paths[i], encoded, answers, extractor, config.top_k)
+        encoded = [ids for ids in (_encode(tokenizer, p, config.max_prompt_tokens) for p in shards[i]) if ids]
+        captured = generate_captured(extractor, encoded, params, eos, config.top_k)
+        num_tokens = save_shard(paths[i], captured)
         bar.set_postfix(tokens=num_tokens)
         log.info("shard written", shard=i, sequences=len(encoded), tokens=num_tokens,
-                 answer_tokens=sum(map(len, answers)), seconds=round(time.perf_counter() - started, 1))
+                 answer_tokens=sum(len(c.tokens) - c.prompt_len for c in captured),
+                 seconds=round(time.perf_counter() - started, 1))
     return [p for p in paths if p.is_file()]

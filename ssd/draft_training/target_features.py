@@ -26,6 +26,23 @@ class SequenceFeatures:
     logits: torch.Tensor  # [n, V] float32: the target's next-token logits after each position
 
 
+@dataclass(frozen=True)
+class CapturedSequence:
+    """One stored training sequence: what a shard keeps of each position."""
+
+    tokens: list[int]  # prompt + answer, n target ids
+    prompt_len: int
+    features: torch.Tensor  # [n, 3*d] bfloat16
+    topk_ids: torch.Tensor  # [n, k] int32 target ids: the target's top-k after each position
+    topk_logprobs: torch.Tensor  # [n, k] float32
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, V] logits -> the k most likely ids [n, k] int32 and their log-probabilities [n, k] float32."""
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return ids.to(torch.int32), values
+
+
 class TargetFeatureExtractor:
     def __init__(self, folder: Path, dtype: torch.dtype, aux_layers: tuple[int, ...],
                  max_batch_tokens: int = 4096) -> None:
@@ -35,8 +52,16 @@ class TargetFeatureExtractor:
         self.max_batch_tokens = max_batch_tokens
         mc: ModelConfig = self.config
         shape = KVCacheShape(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, BLOCK_SIZE, dtype)
-        self.num_blocks = -(-max_batch_tokens // BLOCK_SIZE) + 64
-        kv_cache = allocate_kv_cache(self.model, shape, self.num_blocks, torch.device("cpu"))
+        self.kv_shape = shape
+        self.num_blocks = 0
+        self.reserve_blocks(-(-max_batch_tokens // BLOCK_SIZE) + 64)
+
+    def reserve_blocks(self, num_blocks: int) -> None:
+        """Grow the KV cache to at least `num_blocks` blocks (its contents are not kept)."""
+        if num_blocks <= self.num_blocks:
+            return
+        self.num_blocks = num_blocks
+        kv_cache = allocate_kv_cache(self.model, self.kv_shape, num_blocks, torch.device("cpu"))
         self.runner = ModelRunner(self.model, BLOCK_SIZE, torch.device("cpu"), kv_cache)
 
     @property
@@ -72,3 +97,11 @@ class TargetFeatureExtractor:
         if group:
             result.extend(self._forward_group(group))
         return result
+
+    def capture(self, sequences: list[list[int]], prompt_lens: list[int], top_k: int) -> list[CapturedSequence]:
+        """Teacher-forced capture of whole sequences (prompt + answer already known), as shards store them."""
+        captured = []
+        for ids, prompt_len, f in zip(sequences, prompt_lens, self.extract(sequences), strict=True):
+            top_ids, top_values = topk_logprobs(f.logits, top_k)
+            captured.append(CapturedSequence(list(ids), prompt_len, f.features.to(torch.bfloat16), top_ids, top_values))
+        return captured
