@@ -88,6 +88,26 @@ def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig,
     return total, losses, agree
 
 
+def trained_parameters(head: Eagle3Head) -> list[torch.nn.Parameter]:
+    return [p for p in head.parameters() if p.requires_grad]  # the shared embeddings stay frozen
+
+
+def make_optimizer(head: Eagle3Head, config: TrainConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(trained_parameters(head), lr=config.lr, weight_decay=config.weight_decay,
+                             betas=(0.9, 0.95), fused=True)  # one kernel for all parameters (the per-tensor loop was ~7% of a step)
+
+
+def optimizer_step(head: Eagle3Head, optimizer: torch.optim.Optimizer, batch: Batch, config: TrainConfig,
+                   with_top1: bool) -> tuple[list[float], list[float]]:
+    """One clipped AdamW step on a batch; returns batch_loss's per-unroll-step losses and top-1 agreement."""
+    loss, losses, agree = batch_loss(head, batch, config, with_top1)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trained_parameters(head), config.grad_clip)
+    optimizer.step()
+    return losses, agree
+
+
 def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
     """A head shaped after the target; lm_head rows, final norm and embedding copied from the target."""
     target_config = load_model_config(Path(config.target))
@@ -120,7 +140,7 @@ def _evaluate(head: Eagle3Head, batches: list[Batch], config: TrainConfig) -> di
             "val_top1": [mean(agree, s) for s in range(config.num_unroll)]}
 
 
-def _draft_vocab(seqs: list[DistilledSequence], config: TrainConfig) -> DraftVocab:
+def training_vocab(seqs: list[DistilledSequence], config: TrainConfig) -> DraftVocab:
     """Ranked by the target's probability mass where it writes its own answers (rows P-1.. of self-distilled
     sequences: what the draft must predict when serving), ties and the tail filled by the mass over all rows
     (corpus windows included) at a small weight. Coverage is over the answers' stored top-k mass."""
@@ -148,7 +168,7 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     random.Random(config.seed).shuffle(seqs)
     num_val = max(1, int(len(seqs) * config.validation_fraction))
     val_seqs, train_seqs = seqs[:num_val], seqs[num_val:]
-    vocab = _draft_vocab(train_seqs, config)
+    vocab = training_vocab(train_seqs, config)
     log.info("draft vocabulary", size=vocab.size, coverage=round(vocab.coverage, 4))
     head = init_head(config, vocab)
     head.train()
@@ -160,13 +180,11 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     lengths = [len(s.tokens) for s in train_seqs]
     steps_per_epoch = len(batch_plan(lengths, config.batch_tokens, torch.Generator().manual_seed(0)))
     total_steps = max(1, int(config.epochs * steps_per_epoch))
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95),
-                                  fused=True)  # one kernel for all parameters (the per-tensor loop was ~7% of a step)
+    optimizer = make_optimizer(head, config)
     step = _resume(head, optimizer, checkpoints, config)
     log.info("training", sequences=len(train_seqs), val_sequences=len(val_seqs), positions=sum(lengths),
              steps=total_steps, steps_per_epoch=steps_per_epoch, resumed_at=step,
-             params=sum(p.numel() for p in params))
+             params=sum(p.numel() for p in trained_parameters(head)))
     bar = tqdm(total=total_steps, initial=step, desc="train draft", unit="step")
     train_started = time.perf_counter()
     progress = lambda: max(step / total_steps, _time_fraction(train_started, config.max_train_minutes))  # noqa: E731
@@ -179,11 +197,7 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
             for g in optimizer.param_groups:
                 g["lr"] = lr
             is_logged = (step + 1) % LOG_EVERY == 0
-            loss, losses, agree = batch_loss(head, make([train_seqs[i] for i in group]), config, is_logged)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
+            losses, agree = optimizer_step(head, optimizer, make([train_seqs[i] for i in group]), config, is_logged)
             step += 1
             bar.update(1)
             if is_logged:
