@@ -49,6 +49,7 @@ class TextDelta:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
     spec: common_pb2.SpeculationStats | None = None
+    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)  # per token id, when asked
 
 
 class TextGenerator:
@@ -129,7 +130,7 @@ class TextGenerator:
                     text = stops.push(detok.push(list(msg.token_ids)), is_last=is_last)
                     finish = "stop" if stops.is_stopped else FINISH_NAMES.get(msg.finish_reason)
                     delta = TextDelta(text, list(msg.token_ids), finish, len(ids), num_tokens,
-                                      msg.num_cached_prompt_tokens)
+                                      msg.num_cached_prompt_tokens, logprobs=list(msg.logprobs))
                     if finish is not None:
                         delta.spec = msg.spec if msg.HasField("spec") else None
                         self._finished(delta, start)
@@ -164,11 +165,12 @@ class TextGenerator:
 
     async def complete(self, req: TextRequest) -> TextDelta:
         """The whole completion as one delta (text and token ids concatenated)."""
-        text, ids, last = [], [], None
+        text, ids, logprobs, last = [], [], [], None
         async for delta in self.stream(req):
             text.append(delta.text)
             ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs)
             last = delta
         assert last is not None  # stream() always ends with a finish delta or raises
         return TextDelta("".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens,
-                         last.cached_prompt_tokens, last.spec)
+                         last.cached_prompt_tokens, last.spec, logprobs)

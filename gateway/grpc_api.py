@@ -25,6 +25,8 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
                                        max_tokens=req.max_tokens)
     if req.HasField("seed"):
         params.seed = req.seed
+    if req.HasField("logprobs"):
+        params.logprobs = req.logprobs
     messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
     return TextRequest(req.model or None, req.prompt if which == "prompt" else None, messages, params,
                        tuple(req.stop), MODE_NAMES.get(req.mode))
@@ -49,7 +51,8 @@ class GenerationServicer(gateway_pb2_grpc.GenerationServicer):
         req = _text_request(request)
         d = await self.generator.complete(req)
         out = gateway_pb2.GenerateResponse(request_id=req.request_id, text=d.text,
-                                           finish_reason=FINISH_CODES[d.finish_reason], usage=_usage(d))
+                                           finish_reason=FINISH_CODES[d.finish_reason], usage=_usage(d),
+                                           logprobs=d.logprobs)
         if d.spec is not None:
             out.spec.CopyFrom(d.spec)
         return out
@@ -60,7 +63,8 @@ class GenerationServicer(gateway_pb2_grpc.GenerationServicer):
         req = _text_request(request)
         async for d in self.generator.stream(req):
             msg = gateway_pb2.GenerateStreamResponse(request_id=req.request_id, text=d.text, token_ids=d.token_ids,
-                                                     finish_reason=FINISH_CODES[d.finish_reason])
+                                                     finish_reason=FINISH_CODES[d.finish_reason],
+                                                     logprobs=d.logprobs)
             if d.finish_reason is not None:
                 msg.usage.CopyFrom(_usage(d))
                 if d.spec is not None:

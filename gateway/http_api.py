@@ -17,19 +17,22 @@ from gateway.auth import ApiKeys
 from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
+from gateway.logprobs_format import chat_logprobs, completion_logprobs
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from protos.ssd.v1 import common_pb2
 
 log = structlog.get_logger(__name__)
 
 
-def _params(body: _Sampling, max_tokens: int | None) -> common_pb2.SamplingParams:
+def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> common_pb2.SamplingParams:
     if max_tokens is not None and max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
     params = common_pb2.SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                        max_tokens=max_tokens or 0, ignore_eos=body.ignore_eos)
     if body.seed is not None:
         params.seed = body.seed
+    if logprobs is not None:
+        params.logprobs = logprobs
     return params
 
 
@@ -80,6 +83,10 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
                                             "owned_by": "ssd-serve"}]}
 
+    def format_logprobs(d: TextDelta, chat: bool, text_offset: int) -> dict:
+        tok = generator.tokenizer()
+        return chat_logprobs(tok, d.logprobs) if chat else completion_logprobs(tok, d.logprobs, text_offset)
+
     async def run(request: Request, req: TextRequest, sampling: _Sampling, chat: bool) -> Response:
         stream = sampling.stream
         include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
@@ -87,20 +94,28 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
         obj = "chat.completion" if chat else "text_completion"
         headers = {"x-request-id": req.request_id}
+        wants_logprobs = req.params.HasField("logprobs")
         if not stream:
             d = await unless_disconnected(generator.complete(req), request.receive)
             if d is None:  # the client left: the target call is cancelled, its KV freed
                 log.info("client disconnected; generation cancelled", request_id=req.request_id)
                 return Response(status_code=499, headers=headers)  # nobody reads it (nginx's "client closed")
-            choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": None}
+            choice = {"index": 0, "finish_reason": d.finish_reason,
+                      "logprobs": format_logprobs(d, chat, 0) if wants_logprobs else None}
             choice |= {"message": {"role": "assistant", "content": d.text}} if chat else {"text": d.text}
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
                                  "choices": [choice], "usage": _usage(d)}, headers=headers)
         deltas = generator.stream(req)
         first = await anext(deltas)  # errors before the first token still get a proper HTTP status
 
+        text_offset = 0  # completions' logprobs count characters across chunks
+
         def chunk(d: TextDelta) -> dict:
-            choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": None}
+            nonlocal text_offset
+            logprobs = format_logprobs(d, chat, text_offset) if wants_logprobs else None
+            if logprobs is not None and not chat:
+                text_offset += sum(len(t) for t in logprobs["tokens"])
+            choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": logprobs}
             choice |= {"delta": {"content": d.text}} if chat else {"text": d.text}
             return {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": model,
                     "choices": [choice]}
@@ -116,7 +131,7 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
                 if first.finish_reason is None:
                     async for d in deltas:
                         last = d
-                        if d.text or d.finish_reason is not None:
+                        if d.text or d.logprobs or d.finish_reason is not None:
                             yield _sse(chunk(d))
                 if include_usage:
                     yield _sse({"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
@@ -136,14 +151,16 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
             if len(prompt) != 1:
                 raise InvalidRequest("exactly one prompt per request is supported", param="prompt")
             prompt = prompt[0]
-        req = TextRequest(body.model, prompt, None, _params(body, body.max_tokens), body.stop_list(), body.mode)
+        params = _params(body, body.max_tokens, body.wanted_logprobs())
+        req = TextRequest(body.model, prompt, None, params, body.stop_list(), body.mode)
         return await run(request, req, body, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        req = TextRequest(body.model, None, messages, _params(body, max_tokens), body.stop_list(), body.mode)
+        params = _params(body, max_tokens, body.wanted_logprobs())
+        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode)
         return await run(request, req, body, chat=True)
 
     return app

@@ -37,6 +37,10 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (a piece of a multi-byte character decodes to U+FFFD)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
     def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
         if self._template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions with a prompt")

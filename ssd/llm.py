@@ -12,6 +12,7 @@ from ssd.engine.llm_engine import LLMEngine
 from ssd.engine.sequence import FinishReason
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
+from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from ssd.spec.proposer import Proposer
 from ssd.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -31,6 +32,7 @@ class RequestOutput:
     ttft_s: float | None = None  # time to first token
     latency_s: float | None = None  # time to the last token
     spec: dict | None = None  # speculation summary (drafts, accepted, tokens per round), when speculating
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class StreamDelta:
     token_ids: list[int]  # tokens new since the previous delta
     text: str  # text new since the previous delta (never a broken UTF-8 character)
     finish_reason: FinishReason | None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
 
 
 class LLM:
@@ -95,6 +98,9 @@ class LLM:
                     out.ttft_s = time.perf_counter() - start
                     out.num_cached_prompt_tokens = step.num_cached_prompt_tokens
                 out.token_ids.extend(step.new_token_ids)
+                if step.logprobs is not None:
+                    out.logprobs = out.logprobs if out.logprobs is not None else []
+                    out.logprobs.extend(step.logprobs)
                 if step.finish_reason is not None:
                     out.finish_reason = step.finish_reason
                     out.spec = step.spec
@@ -119,7 +125,7 @@ class LLM:
                         continue
                     finished = step.finish_reason is not None
                     text = detok.push(step.new_token_ids) if detok is not None else ""
-                    yield StreamDelta(step.new_token_ids, text, step.finish_reason)
+                    yield StreamDelta(step.new_token_ids, text, step.finish_reason, step.logprobs)
         finally:
             if not finished:
                 self.engine.abort(seq_id)

@@ -11,6 +11,7 @@ from grpc import aio
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from ssd.engine.llm_engine import StepOutput
 from ssd.engine.sequence import FinishReason
+from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from target_service.config import TargetServiceConfig
 from target_service.engine_loop import EngineLoop
@@ -30,6 +31,11 @@ DEFAULT_MODES = {"ar": common_pb2.SPECULATION_MODE_AR, "sd": common_pb2.SPECULAT
                  "ssd": common_pb2.SPECULATION_MODE_SSD}
 
 
+def token_logprobs_proto(logprobs: list[TokenLogprob] | None) -> list[common_pb2.TokenLogprob]:
+    return [common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_token_ids=[t for t, _ in lp.top],
+                                    top_logprobs=[v for _, v in lp.top]) for lp in logprobs or []]
+
+
 def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
     """Proto -> engine params for a resolved mode (AR, SD or SSD); the engine validates
     (InvalidRequestError -> INVALID_ARGUMENT)."""
@@ -37,6 +43,7 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k, max_tokens=p.max_tokens,
         seed=p.seed if p.HasField("seed") else None, stop_token_ids=tuple(p.stop_token_ids),
         ignore_eos=p.ignore_eos, draft_temperature=p.draft_temperature if p.HasField("draft_temperature") else None,
+        logprobs=p.logprobs if p.HasField("logprobs") else None,
         speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
         ssd=mode == common_pb2.SPECULATION_MODE_SSD)
 
@@ -90,7 +97,8 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
                     raise item
                 out: StepOutput = item
                 finished = out.finish_reason is not None
-                msg = target_pb2.VerifierGenerateResponse(token_ids=out.new_token_ids)
+                msg = target_pb2.VerifierGenerateResponse(token_ids=out.new_token_ids,
+                                                          logprobs=token_logprobs_proto(out.logprobs))
                 if first:
                     msg.num_cached_prompt_tokens = out.num_cached_prompt_tokens
                     first = False

@@ -21,6 +21,7 @@ from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.spec_decode import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_store import resolve_model
+from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
 from ssd.spec.factory import build_proposer
@@ -48,6 +49,7 @@ class StepOutput:
     finish_reason: FinishReason | None
     num_cached_prompt_tokens: int  # prompt tokens the prefix cache served at admission
     spec: dict | None = None  # the request's speculation summary, on its last step
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked (params.logprobs)
 
 
 class LLMEngine:
@@ -130,12 +132,14 @@ class LLMEngine:
             return []
         k = self.spec.config.lookahead_for(len(batch.seqs)) if self.spec is not None else 0
         if batch.mode == ForwardMode.DECODE and k > 0:
-            new_tokens = self.spec.run_round(batch.seqs, k)
+            new_tokens, new_logprobs = self.spec.run_round(batch.seqs, k)
         else:
-            new_tokens = [[t] for t in self._forward_and_sample(batch)]
-        return self._commit(batch, new_tokens)
+            tokens, new_logprobs = self._forward_and_sample(batch)
+            new_tokens = [[t] for t in tokens]
+        return self._commit(batch, new_tokens, new_logprobs)
 
-    def _forward_and_sample(self, batch: ScheduledBatch) -> list[int]:
+    def _forward_and_sample(self, batch: ScheduledBatch) -> tuple[list[int], list[list[TokenLogprob] | None]]:
+        """One forward; each sequence's next token, plus its logprob where the request asked."""
         items = [
             ForwardItem(seq.token_ids[seq.num_cached_tokens :], seq.num_cached_tokens, seq.block_table)
             for seq in batch.seqs
@@ -146,12 +150,16 @@ class LLMEngine:
             rows = out.aux_hidden.split([len(it.token_ids) for it in items])
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
                 self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
-        return sample_tokens(out.logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
+        tokens = sample_tokens(out.logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
+        logprobs = [None if s.params.logprobs is None else token_logprobs(out.logits[b : b + 1], [t], s.params.logprobs)
+                    for b, (s, t) in enumerate(zip(batch.seqs, tokens, strict=True))]
+        return tokens, logprobs
 
-    def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]]) -> list[StepOutput]:
+    def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]],
+                new_logprobs: list[list[TokenLogprob] | None]) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
-        for seq, tokens in zip(batch.seqs, new_tokens, strict=True):
+        for seq, tokens, logprobs in zip(batch.seqs, new_tokens, new_logprobs, strict=True):
             seq.num_cached_tokens = seq.num_tokens + len(tokens) - 1  # KV covers all but the newest token
             emitted, reason = [], None
             for token in tokens:  # stop at the first token that finishes the request
@@ -171,7 +179,8 @@ class LLMEngine:
                 spec = seq.spec_counters.as_dict() if seq.spec_counters.num_drafts else None
             elif self.spec is not None:
                 self.spec.proposer.commit(seq.seq_id, seq.num_tokens)
-            outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec))
+            outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,
+                                      None if logprobs is None else logprobs[: len(emitted)]))
         return outputs
 
     def finish_reason(self, seq: Sequence, new_tokens: list[int]) -> FinishReason | None:

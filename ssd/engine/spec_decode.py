@@ -13,6 +13,7 @@ from ssd.context import ForwardMode
 from ssd.engine.model_runner import ForwardItem, ModelRunner
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
+from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
 from ssd.spec.config import SpeculationConfig
 from ssd.spec.metrics import SpecCounters
@@ -70,8 +71,9 @@ class SpeculativeDecoder:
         positions = [start, *(start + d for d in spec.depths())]
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
-    def run_round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
-        """Accepted tokens + bonus token per sequence (before stop / length truncation)."""
+    def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[list[int]], list[list[TokenLogprob] | None]]:
+        """Accepted tokens + bonus token per sequence (before stop / length truncation), and their logprobs
+        for the sequences that asked (None for the others)."""
         started = time.perf_counter()
         asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
@@ -82,7 +84,7 @@ class SpeculativeDecoder:
         proposed_at = time.perf_counter()
         out = self.runner.forward(items, mode, self.feature_layers)
         self.counters.record_round_time(proposed_at - started, time.perf_counter() - proposed_at)
-        results, offset = [], 0
+        results, logprobs, offset = [], [], 0
         for seq, spec, item in zip(seqs, specs, items, strict=True):
             n = len(item.token_ids)
             logits = out.logits[offset : offset + n]  # [n, V]: root, then each node
@@ -97,8 +99,13 @@ class SpeculativeDecoder:
                     counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
                                     spec.predicted_hit)
             results.append(outcome.tokens)
+            if seq.params.logprobs is None:
+                logprobs.append(None)
+            else:  # token i was drawn at its parent: the root, then each accepted node
+                parents = logits[[0, *outcome.accepted_nodes]]  # [k + 1, V]
+                logprobs.append(token_logprobs(parents, outcome.tokens, seq.params.logprobs))
             offset += n
-        return results
+        return results, logprobs
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""

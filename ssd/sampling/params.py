@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 from ssd.errors import InvalidRequestError
+from ssd.sampling.logprobs import MAX_TOP_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class SamplingParams:
     draft_temperature: float | None = None  # speculation: the draft's sampling temperature; None = temperature
     speculate: bool = True  # False: plain decoding for this request even when the engine speculates
     ssd: bool = False  # ask a remote draft to answer from its SSD speculation cache (in-process: the engine's config)
+    logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -37,6 +39,11 @@ class SamplingParams:
             raise InvalidRequestError(f"draft_temperature must be >= 0, got {self.draft_temperature!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

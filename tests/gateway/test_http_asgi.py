@@ -37,6 +37,9 @@ class StubGenerator:
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
 
+    def tokenizer(self) -> SimpleNamespace:
+        return SimpleNamespace(token_text=lambda token_id: f"<{token_id}>")
+
     async def complete(self, req: TextRequest) -> TextDelta:
         self.requests.append(req)
         self.started.set()
@@ -64,10 +67,10 @@ def chunked_body(num_chunks: int, pulled: list[int]):  # noqa: ANN201
     return chunks()
 
 
-async def _post(app, content, headers: dict | None = None) -> httpx.Response:  # noqa: ANN001
+async def _post(app, content, path: str = "/v1/completions", headers: dict | None = None) -> httpx.Response:  # noqa: ANN001
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        return await client.post("/v1/completions", content=content, headers=headers or HEADERS)
+        return await client.post(path, content=content, headers=headers or HEADERS)
 
 
 def assert_openai_error(r: httpx.Response, status: int) -> None:
@@ -115,7 +118,7 @@ def test_generation_errors_keep_their_status_through_the_disconnect_watch():
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", True), ("top_logprobs", 3),
+    ("presence_penalty", 0.5), ("frequency_penalty", -1),
     ("logit_bias", {"50256": -100}), ("response_format", {"type": "json_object"}), ("best_of", 2),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True), ("n", 2),
 ])
@@ -130,11 +133,35 @@ def test_unsupported_openai_options_are_refused_not_ignored(field, value):
 
 def test_unsupported_openai_options_at_their_neutral_value_are_served():
     gen = StubGenerator()
-    body = {"prompt": "hi", "max_tokens": 5, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None,
+    body = {"prompt": "hi", "max_tokens": 5, "presence_penalty": 0, "frequency_penalty": 0.0,
             "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "none", "user": "u-1", "n": 1}
     r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
     assert r.status_code == 200, r.text
     assert gen.requests[0].prompt == "hi"
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                              "top_logprobs": 21}, "top_logprobs"),
+])
+def test_bad_logprobs_requests_are_a_400_naming_the_field(path, body, param):
+    gen = StubGenerator()
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode(), path))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == param
+    assert gen.requests == []
+
+
+def test_logprobs_reach_the_target_params():
+    gen = StubGenerator()
+    asyncio.run(_post(make_app(gen), json.dumps({"prompt": "hi", "logprobs": 2}).encode()))
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    asyncio.run(_post(make_app(gen), json.dumps(chat).encode(), "/v1/chat/completions"))
+    asyncio.run(_post(make_app(gen), json.dumps({"prompt": "hi"}).encode()))
+    assert [r.params.logprobs if r.params.HasField("logprobs") else None for r in gen.requests] == [2, 0, None]
 
 
 @pytest.fixture

@@ -54,3 +54,23 @@ def test_stop_strings_cut_before_the_stop_across_deltas():
     assert s.push("no stop E") + s.push("N", is_last=True) == "no stop EN" and not s.is_stopped
     s = StopStrings([])
     assert s.push("abc") == "abc"
+
+
+def test_logprobs_in_both_openai_shapes(both):
+    from gateway.logprobs_format import chat_logprobs, completion_logprobs
+    from protos.ssd.v1 import common_pb2
+
+    ours, _ = both
+    ids = ours.encode("Hello world")
+    eos = ours.encode(ours.eos_token) if ours.eos_token else []
+    entries = [common_pb2.TokenLogprob(token_id=t, logprob=-0.5, top_token_ids=[t, 0], top_logprobs=[-0.5, -2.0])
+               for t in ids + eos]
+    chat = chat_logprobs(ours, entries)["content"]
+    assert "".join(e["token"] for e in chat[: len(ids)]) == "Hello world"
+    assert [e["token"] for e in chat[len(ids) :]] == [ours.eos_token] * len(eos)  # special tokens are named
+    assert all(bytes(e["bytes"]).decode() == e["token"] for e in chat)
+    assert [t["logprob"] for t in chat[0]["top_logprobs"]] == [-0.5, -2.0]
+    comp = completion_logprobs(ours, entries[: len(ids)], text_offset=3)
+    assert "".join(comp["tokens"]) == "Hello world" and comp["token_logprobs"] == [-0.5] * len(ids)
+    assert comp["text_offset"][0] == 3 and comp["text_offset"] == sorted(comp["text_offset"])
+    assert all(len(top) == 2 for top in comp["top_logprobs"])
