@@ -2,8 +2,8 @@
 
 They are the target model's own distribution at each generated position: log-softmax of the raw logits, before
 temperature, top-k or top-p (what vLLM returns by default). Speculative decoding gives the same numbers as plain
-decoding: the verify forward scores every emitted token at its parent position, exactly where a decode step
-would.
+decoding (in float32; bfloat16 rounds a K+1-token forward slightly differently): the verify forward scores every
+emitted token at its parent position, exactly where a decode step would.
 """
 
 from dataclasses import dataclass
