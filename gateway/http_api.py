@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.auth import ApiKeys
+from gateway.choices import choice_requests, combined, complete_all, merged_streams
 from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
@@ -88,58 +89,61 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return chat_logprobs(tok, d.logprobs) if chat else completion_logprobs(tok, d.logprobs, text_offset)
 
     async def run(request: Request, req: TextRequest, sampling: _Sampling, chat: bool) -> Response:
-        stream = sampling.stream
         include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
         created, model = int(time.time()), generator.model_name
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
         obj = "chat.completion" if chat else "text_completion"
         headers = {"x-request-id": req.request_id}
         wants_logprobs = req.params.HasField("logprobs")
-        if not stream:
-            d = await unless_disconnected(generator.complete(req), request.receive)
-            if d is None:  # the client left: the target call is cancelled, its KV freed
+        reqs = choice_requests(req, sampling.n or 1)
+        if not sampling.stream:
+            done = await unless_disconnected(complete_all(generator, reqs), request.receive)
+            if done is None:  # the client left: the target calls are cancelled, their KV freed
                 log.info("client disconnected; generation cancelled", request_id=req.request_id)
                 return Response(status_code=499, headers=headers)  # nobody reads it (nginx's "client closed")
-            choice = {"index": 0, "finish_reason": d.finish_reason,
-                      "logprobs": format_logprobs(d, chat, 0) if wants_logprobs else None}
-            choice |= {"message": {"role": "assistant", "content": d.text}} if chat else {"text": d.text}
+            choices = []
+            for i, d in enumerate(done):
+                choice = {"index": i, "finish_reason": d.finish_reason,
+                          "logprobs": format_logprobs(d, chat, 0) if wants_logprobs else None}
+                choice |= {"message": {"role": "assistant", "content": d.text}} if chat else {"text": d.text}
+                choices.append(choice)
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
-                                 "choices": [choice], "usage": _usage(d)}, headers=headers)
-        deltas = generator.stream(req)
+                                 "choices": choices, "usage": _usage(combined(done))}, headers=headers)
+        deltas = merged_streams(generator, reqs)
         first = await anext(deltas)  # errors before the first token still get a proper HTTP status
+        text_offsets = [0] * len(reqs)  # completions' logprobs count characters across chunks
 
-        text_offset = 0  # completions' logprobs count characters across chunks
-
-        def chunk(d: TextDelta) -> dict:
-            nonlocal text_offset
-            logprobs = format_logprobs(d, chat, text_offset) if wants_logprobs else None
+        def chunk(i: int, d: TextDelta) -> dict:
+            logprobs = format_logprobs(d, chat, text_offsets[i]) if wants_logprobs else None
             if logprobs is not None and not chat:
-                text_offset += sum(len(t) for t in logprobs["tokens"])
-            choice = {"index": 0, "finish_reason": d.finish_reason, "logprobs": logprobs}
+                text_offsets[i] += sum(len(t) for t in logprobs["tokens"])
+            choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
             choice |= {"delta": {"content": d.text}} if chat else {"text": d.text}
             return {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": model,
                     "choices": [choice]}
 
         async def body() -> AsyncIterator[bytes]:
+            last: list[TextDelta | None] = [None] * len(reqs)
             try:
                 if chat:
-                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                             "finish_reason": None}]})
-                last = first
-                yield _sse(chunk(first))
-                if first.finish_reason is None:
-                    async for d in deltas:
-                        last = d
-                        if d.text or d.logprobs or d.finish_reason is not None:
-                            yield _sse(chunk(d))
+                    for i in range(len(reqs)):
+                        yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                                    "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "finish_reason": None}]})
+                last[first[0]] = first[1]
+                yield _sse(chunk(*first))
+                async for i, d in deltas:
+                    last[i] = d
+                    if d.text or d.logprobs or d.finish_reason is not None:
+                        yield _sse(chunk(i, d))
                 if include_usage:
                     yield _sse({"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
-                                "model": model, "choices": [], "usage": _usage(last)})
+                                "model": model, "choices": [],
+                                "usage": _usage(combined([d for d in last if d is not None]))})
             except GatewayError as e:
                 yield _sse(openai_error_body(e.http_status, str(e)))
             finally:
-                await deltas.aclose()  # client gone: cancels the target call, freeing its KV
+                await deltas.aclose()  # client gone: cancels the target calls, freeing their KV
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -10,10 +10,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
+MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
@@ -46,7 +46,7 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
-    n: Any = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # independent choices, generated concurrently
     frequency_penalty: Any = None
     presence_penalty: Any = None
     logit_bias: Any = None

@@ -53,6 +53,14 @@ class StubGenerator:
             raise
         return TextDelta("ok", [1], "stop", prompt_tokens=3, completion_tokens=1)
 
+    async def stream(self, req: TextRequest):  # noqa: ANN201
+        self.requests.append(req)
+        if self.error is not None:
+            raise self.error
+        yield TextDelta("o", [1], None, prompt_tokens=3, completion_tokens=1)
+        await asyncio.sleep(0)  # let the other choices interleave
+        yield TextDelta("k", [2], "length", prompt_tokens=3, completion_tokens=2)
+
 
 def make_app(generator: StubGenerator):  # noqa: ANN201
     return build_app(generator, ApiKeys(frozenset({KEY}), is_disabled=False), LIMIT, lambda: b"")
@@ -120,7 +128,7 @@ def test_generation_errors_keep_their_status_through_the_disconnect_watch():
 @pytest.mark.parametrize(("field", "value"), [
     ("presence_penalty", 0.5), ("frequency_penalty", -1),
     ("logit_bias", {"50256": -100}), ("response_format", {"type": "json_object"}), ("best_of", 2),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True), ("n", 2),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True),
 ])
 def test_unsupported_openai_options_are_refused_not_ignored(field, value):
     gen = StubGenerator()
@@ -138,6 +146,49 @@ def test_unsupported_openai_options_at_their_neutral_value_are_served():
     r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
     assert r.status_code == 200, r.text
     assert gen.requests[0].prompt == "hi"
+
+
+def test_n_choices_are_separate_requests_with_their_own_seeds():
+    gen = StubGenerator()
+    body = {"messages": [{"role": "user", "content": "hi"}], "n": 3, "seed": 5, "temperature": 0.7}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode(), "/v1/chat/completions"))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    assert all(c["message"]["content"] == "ok" for c in out["choices"])
+    assert out["usage"]["prompt_tokens"] == 3 and out["usage"]["completion_tokens"] == 3
+    assert sorted(q.params.seed for q in gen.requests) == [5, 6, 7]
+    assert len({q.request_id for q in gen.requests}) == 3
+
+
+def test_n_choices_stream_interleaved_with_their_index():
+    gen = StubGenerator()
+    body = {"prompt": "hi", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    texts = {0: "", 1: ""}
+    for e in events:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == {0: "ok", 1: "ok"}
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
+    assert r.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_error_in_the_choices_is_the_http_status(stream):
+    gen = StubGenerator(error=InvalidRequest("the prompt is empty", param="prompt"))
+    body = {"prompt": "", "n": 2, "stream": stream}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize("n", [0, 17, "two"])
+def test_bad_n_is_a_400(n):
+    r = asyncio.run(_post(make_app(StubGenerator()), json.dumps({"prompt": "hi", "n": n}).encode()))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == "n"
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

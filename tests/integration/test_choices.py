@@ -1,0 +1,31 @@
+"""OpenAI `n` through the real services: n concurrent choices, choice i reproducing a single request seeded
+seed + i, usage summed over the choices."""
+
+import pytest
+
+from tests.integration.conftest import API_KEY
+from tests.integration.helpers import openai_client
+
+pytestmark = pytest.mark.model
+MODEL = "smollm2-135m-instruct"
+MESSAGES = [{"role": "user", "content": "Name a color."}]
+
+
+def test_n_choices_match_single_requests_seeded_apart(stack):
+    client = openai_client(stack.url, API_KEY)
+    sampling = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 1.0,
+                "extra_body": {"mode": "ar"}}
+    many = client.chat.completions.create(n=3, seed=11, **sampling)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    singles = [client.chat.completions.create(seed=11 + i, **sampling) for i in range(3)]
+    assert [c.message.content for c in many.choices] == [s.choices[0].message.content for s in singles]
+    assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert many.usage.prompt_tokens == singles[0].usage.prompt_tokens
+
+    chunks = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, n=2, stream=True,
+                                       temperature=0)
+    texts = ["", ""]
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts[0] == texts[1] != ""  # greedy: both choices are the same answer
