@@ -22,7 +22,8 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
     if req.max_tokens < 0:
         raise InvalidRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
     params = common_pb2.SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k,
-                                       max_tokens=req.max_tokens)
+                                       max_tokens=req.max_tokens, presence_penalty=req.presence_penalty,
+                                       frequency_penalty=req.frequency_penalty)
     if req.HasField("seed"):
         params.seed = req.seed
     if req.HasField("logprobs"):

@@ -29,7 +29,9 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
     if max_tokens is not None and max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
     params = common_pb2.SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                       max_tokens=max_tokens or 0, ignore_eos=body.ignore_eos)
+                                       max_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
+                                       presence_penalty=body.presence_penalty or 0.0,
+                                       frequency_penalty=body.frequency_penalty or 0.0)
     if body.seed is not None:
         params.seed = body.seed
     if logprobs is not None:

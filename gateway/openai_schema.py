@@ -14,8 +14,6 @@ MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
     "echo": (None, False),
     "best_of": (None, 1),
@@ -47,8 +45,8 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # independent choices, generated concurrently
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: Any = None
     echo: Any = None
     best_of: Any = None

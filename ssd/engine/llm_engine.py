@@ -23,6 +23,7 @@ from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_store import resolve_model
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.params import SamplingParams
+from ssd.sampling.penalties import apply_penalties, has_penalties
 from ssd.sampling.sampler import sample_tokens
 from ssd.spec.factory import build_proposer
 from ssd.spec.proposer import Proposer
@@ -150,7 +151,11 @@ class LLMEngine:
             rows = out.aux_hidden.split([len(it.token_ids) for it in items])
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
                 self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
-        tokens = sample_tokens(out.logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
+        logits = out.logits  # [B, V]
+        if any(has_penalties(s.params) for s in batch.seqs):
+            logits = torch.cat([apply_penalties(logits[b : b + 1], s.output_token_ids, [[]], s.params)
+                                for b, s in enumerate(batch.seqs)])
+        tokens = sample_tokens(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         logprobs = [None if s.params.logprobs is None else token_logprobs(out.logits[b : b + 1], [t], s.params.logprobs)
                     for b, (s, t) in enumerate(zip(batch.seqs, tokens, strict=True))]
         return tokens, logprobs

@@ -20,6 +20,8 @@ class SamplingParams:
     speculate: bool = True  # False: plain decoding for this request even when the engine speculates
     ssd: bool = False  # ask a remote draft to answer from its SSD speculation cache (in-process: the engine's config)
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]
+    frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated, in [-2, 2]
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -44,6 +46,10 @@ class SamplingParams:
             or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
         ):
             raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
+                raise InvalidRequestError(f"{name} must be a number in [-2, 2], got {value!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

@@ -43,6 +43,13 @@ class Speculation:
             depth.append(depth[parent] + 1)
         return depth[1:]
 
+    def paths(self) -> list[list[int]]:
+        """[n+1] over root + nodes: the draft tokens from the root to each node, inclusive (root: [])."""
+        paths: list[list[int]] = [[]]
+        for i, parent in enumerate(self.parent_list()):
+            paths.append(paths[parent] + [self.tokens[i]])
+        return paths
+
     def ancestor_mask(self) -> torch.Tensor:
         """[n+1, n+1] bool over root + nodes: row i may attend to column j (j is i or an ancestor of i)."""
         parents = self.parent_list()

@@ -7,8 +7,10 @@ import torch
 from scipy.stats import chi2
 
 
-def joint_distribution(hf_model, prompt: list[int], temperature: float, num_tokens: int = 3) -> dict[tuple, float]:
-    """P(t1..tn | prompt) for every token tuple, by exhaustive batched forwards in float64."""
+def joint_distribution(hf_model, prompt: list[int], temperature: float, num_tokens: int = 3,
+                       presence: float = 0.0, frequency: float = 0.0) -> dict[tuple, float]:
+    """P(t1..tn | prompt) for every token tuple, by exhaustive batched forwards in float64; `presence` and
+    `frequency` penalize the tokens already generated (OpenAI semantics)."""
     vocab = hf_model.config.vocab_size
     probs: dict[tuple, float] = {(): 1.0}
     for depth in range(num_tokens):
@@ -16,6 +18,11 @@ def joint_distribution(hf_model, prompt: list[int], temperature: float, num_toke
         ids = torch.tensor([prompt + list(p) for p in prefixes])
         with torch.no_grad():
             logits = hf_model(ids).logits[:, -1].double()  # [N, V]
+        counts = torch.zeros_like(logits)  # [N, V]: generated tokens so far
+        for i, p in enumerate(prefixes):
+            for t in p:
+                counts[i, t] += 1
+        logits = logits - frequency * counts - presence * (counts > 0).double()
         step = torch.softmax(logits / temperature, dim=-1)
         probs = {p + (t,): probs[p] * float(step[i, t]) for i, p in enumerate(prefixes) for t in range(vocab)}
     return probs

@@ -25,14 +25,15 @@ def setup(tmp_path_factory):
     hf = write_tiny_checkpoint(target, "llama", seed=0, vocab_size=16, initializer_range=0.3)
     write_tiny_checkpoint(draft, "llama", seed=5, vocab_size=16, num_hidden_layers=1, initializer_range=0.3)
     hf = hf.double()
-    return target, draft, joint_distribution(hf, PROMPT, TEMP)
+    return target, draft, joint_distribution(hf, PROMPT, TEMP), hf
 
 
-def sample_first_tokens(target, spec: SpeculationConfig, draft_temperature: float | None) -> list[tuple]:
+def sample_first_tokens(target, spec: SpeculationConfig, draft_temperature: float | None,
+                        penalties: dict | None = None) -> list[tuple]:
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
               speculation=spec)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True,
-                             draft_temperature=draft_temperature) for i in range(NUM_RUNS)]
+                             draft_temperature=draft_temperature, **(penalties or {})) for i in range(NUM_RUNS)]
     outs = llm.generate([PROMPT] * NUM_RUNS, params)
     assert llm.engine.spec.counters.num_drafts > 0
     assert 0 < llm.engine.spec.counters.num_accepted_tokens < llm.engine.spec.counters.num_draft_tokens
@@ -49,7 +50,7 @@ CASES = {
 
 
 def _spec(setup, case) -> SpeculationConfig:
-    target, draft, _ = setup
+    draft = setup[1]
     c = CASES[case]
     return SpeculationConfig(draft=str(draft) if c["draft"] == "model" else "ngram", num_speculative_tokens=2,
                              tree=c["tree"], ngram_max=1, k_schedule=((1024, 2),))
@@ -67,6 +68,15 @@ def test_broken_verifier_is_caught(setup, monkeypatch):
     monkeypatch.setattr(verification, "_uniform", lambda g: 0.0 if real(g) < 0.5 else 1.0)
     samples = sample_first_tokens(setup[0], _spec(setup, "one-hot-greedy-draft"), 0.0)
     assert chi_square_pvalue(samples, setup[2]) < 0.001
+
+
+def test_speculative_sampling_with_penalties_matches_the_penalized_target(setup):
+    """A tree draft (paths differ per node) against the target with presence and frequency penalties."""
+    penalties = {"presence_penalty": 0.7, "frequency_penalty": 0.6}
+    exact = joint_distribution(setup[3], PROMPT, TEMP, presence=0.7, frequency=0.6)
+    samples = sample_first_tokens(setup[0], _spec(setup, "tree"), None, penalties)
+    assert chi_square_pvalue(samples, exact) > 0.001
+    assert chi_square_pvalue(samples, setup[2]) < 0.001  # and the unpenalized distribution is rejected
 
 
 def test_joint_distribution_sums_to_one(setup):

@@ -1,5 +1,5 @@
-"""OpenAI `n` through the real services: n concurrent choices, choice i reproducing a single request seeded
-seed + i, usage summed over the choices."""
+"""OpenAI sampling options through the real services: `n` concurrent choices (choice i reproducing a single
+request seeded seed + i, usage summed), and presence / frequency penalties giving the offline engine's answer."""
 
 import pytest
 
@@ -29,3 +29,19 @@ def test_n_choices_match_single_requests_seeded_apart(stack):
         for c in chunk.choices:
             texts[c.index] += c.text
     assert texts[0] == texts[1] != ""  # greedy: both choices are the same answer
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_penalties_through_the_services_equal_the_offline_engine(stack, offline_greedy, mode):
+    from ssd.sampling.params import SamplingParams
+
+    prompt = "List five fruits, one per line."
+    llm = offline_greedy.llm
+    params = SamplingParams(temperature=0.0, max_tokens=40, presence_penalty=1.2, frequency_penalty=0.8)
+    expected = llm.generate(llm.chat_prompt([{"role": "user", "content": prompt}]), params)[0].text
+    assert expected != offline_greedy(prompt, 40)  # the penalties change this answer
+    client = openai_client(stack.url, API_KEY)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=40, temperature=0, presence_penalty=1.2,
+                                           frequency_penalty=0.8, extra_body={"mode": mode})
+    assert reply.choices[0].message.content == expected
