@@ -31,7 +31,8 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
     params = common_pb2.SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                        max_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
                                        presence_penalty=body.presence_penalty or 0.0,
-                                       frequency_penalty=body.frequency_penalty or 0.0)
+                                       frequency_penalty=body.frequency_penalty or 0.0,
+                                       logit_bias=body.token_bias())
     if body.seed is not None:
         params.seed = body.seed
     if logprobs is not None:

@@ -14,7 +14,6 @@ MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "logit_bias": (None, {}),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -47,7 +46,7 @@ class _Sampling(BaseModel):
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # independent choices, generated concurrently
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: Any = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
@@ -65,6 +64,19 @@ class _Sampling(BaseModel):
             accepted = ", ".join(repr(v) for v in NEUTRAL_VALUES[name][1:])
             raise ValueError(f"{name}={value!r} is not supported by this server (accepted: {accepted} or leave it out)")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+        return value
+
+    def token_bias(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -45,6 +45,7 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         ignore_eos=p.ignore_eos, draft_temperature=p.draft_temperature if p.HasField("draft_temperature") else None,
         logprobs=p.logprobs if p.HasField("logprobs") else None,
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        logit_bias=sorted(p.logit_bias.items()),
         speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
         ssd=mode == common_pb2.SPECULATION_MODE_SSD)
 

@@ -21,9 +21,9 @@ from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.spec_decode import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_store import resolve_model
+from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.params import SamplingParams
-from ssd.sampling.penalties import apply_penalties, has_penalties
 from ssd.sampling.sampler import sample_tokens
 from ssd.spec.factory import build_proposer
 from ssd.spec.proposer import Proposer
@@ -95,6 +95,8 @@ class LLMEngine:
             raise InvalidRequestError("the prompt is empty")
         if any(not 0 <= t < self.info.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.info.vocab_size})")
+        if any(not 0 <= t < self.info.vocab_size for t, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {self.info.vocab_size})")
         if len(prompt_token_ids) >= self.info.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.info.max_model_len}"
@@ -152,8 +154,8 @@ class LLMEngine:
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
                 self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
         logits = out.logits  # [B, V]
-        if any(has_penalties(s.params) for s in batch.seqs):
-            logits = torch.cat([apply_penalties(logits[b : b + 1], s.output_token_ids, [[]], s.params)
+        if any(has_adjustments(s.params) for s in batch.seqs):
+            logits = torch.cat([adjust_logits(logits[b : b + 1], s.output_token_ids, [[]], s.params)
                                 for b, s in enumerate(batch.seqs)])
         tokens = sample_tokens(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         logprobs = [None if s.params.logprobs is None else token_logprobs(out.logits[b : b + 1], [t], s.params.logprobs)

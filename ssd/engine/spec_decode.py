@@ -13,8 +13,8 @@ from ssd.context import ForwardMode
 from ssd.engine.model_runner import ForwardItem, ModelRunner
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
+from ssd.sampling.logit_adjust import adjust_logits
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
-from ssd.sampling.penalties import apply_penalties
 from ssd.sampling.sampler import target_probs
 from ssd.spec.config import SpeculationConfig
 from ssd.spec.metrics import SpecCounters
@@ -110,7 +110,7 @@ class SpeculativeDecoder:
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""
-        logits = apply_penalties(logits, seq.output_token_ids, spec.paths(), seq.params)  # as the answer would stand
+        logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params)  # as the answer would stand
         if seq.params.is_greedy:
             return verify_greedy(spec, logits.argmax(dim=-1).tolist())
         return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)

@@ -22,6 +22,7 @@ class SamplingParams:
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated, in [-2, 2]
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -50,8 +51,24 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
                 raise InvalidRequestError(f"{name} must be a number in [-2, 2], got {value!r}")
+        object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _checked_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    """(token id, bias) pairs from a dict or pairs; ids >= 0 (the engine checks the vocabulary), biases in
+    [-100, 100] as in the OpenAI API."""
+    pairs = list(bias.items()) if isinstance(bias, dict) else list(bias)  # type: ignore[call-overload]
+    out = []
+    for pair in pairs:
+        token, value = pair
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InvalidRequestError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise InvalidRequestError(f"logit_bias values must be numbers in [-100, 100], got {value!r}")
+        out.append((token, float(value)))
+    return tuple(out)

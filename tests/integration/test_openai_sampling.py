@@ -1,5 +1,6 @@
 """OpenAI sampling options through the real services: `n` concurrent choices (choice i reproducing a single
-request seeded seed + i, usage summed), and presence / frequency penalties giving the offline engine's answer."""
+request seeded seed + i, usage summed), and presence / frequency penalties with a logit bias giving the offline
+engine's answer."""
 
 import pytest
 
@@ -32,16 +33,20 @@ def test_n_choices_match_single_requests_seeded_apart(stack):
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])
-def test_penalties_through_the_services_equal_the_offline_engine(stack, offline_greedy, mode):
+def test_penalties_and_bias_through_the_services_equal_the_offline_engine(stack, offline_greedy, mode):
     from ssd.sampling.params import SamplingParams
 
     prompt = "List five fruits, one per line."
     llm = offline_greedy.llm
-    params = SamplingParams(temperature=0.0, max_tokens=40, presence_penalty=1.2, frequency_penalty=0.8)
-    expected = llm.generate(llm.chat_prompt([{"role": "user", "content": prompt}]), params)[0].text
-    assert expected != offline_greedy(prompt, 40)  # the penalties change this answer
+    chat = llm.chat_prompt([{"role": "user", "content": prompt}])
+    first = llm.generate(chat, SamplingParams(temperature=0.0, max_tokens=1))[0].token_ids[0]
+    params = SamplingParams(temperature=0.0, max_tokens=40, presence_penalty=1.2, frequency_penalty=0.8,
+                            logit_bias={first: -100})  # the unbiased first token is banned
+    expected = llm.generate(chat, params)[0].text
+    assert expected != offline_greedy(prompt, 40)
     client = openai_client(stack.url, API_KEY)
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                            max_tokens=40, temperature=0, presence_penalty=1.2,
-                                           frequency_penalty=0.8, extra_body={"mode": mode})
+                                           frequency_penalty=0.8, logit_bias={str(first): -100},
+                                           extra_body={"mode": mode})
     assert reply.choices[0].message.content == expected

@@ -1,29 +1,31 @@
-"""Presence and frequency penalties: OpenAI's arithmetic on generated tokens only, and speculation stays exact
-with them (greedy SD / tree / SSD output equals plain greedy output with the same penalties)."""
+"""Logit bias and presence / frequency penalties: OpenAI's arithmetic (penalties on generated tokens only), and
+speculation stays exact with them (greedy SD / tree / SSD output equals plain greedy output with the same
+adjustments)."""
 
 import pytest
 import torch
 
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
+from ssd.sampling.logit_adjust import adjust_logits
 from ssd.sampling.params import SamplingParams
-from ssd.sampling.penalties import apply_penalties
 from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.proposer import TreeShape
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9, 10, 11], [20, 21, 22, 20, 21]]
-PENALIZED = SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.5)
+PENALIZED = SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.5,
+                           logit_bias={3: 2.0, 7: -100})
 
 
 def test_penalty_arithmetic_counts_outputs_and_the_path():
     logits = torch.zeros(3, 6)
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
-    out = apply_penalties(logits, [1, 1, 2], [[], [3], [3, 1]], params)
+    out = adjust_logits(logits, [1, 1, 2], [[], [3], [3, 1]], params)
     assert out[0].tolist() == [0, -1.0, -0.75, 0, 0, 0]  # token 1 twice: 0.5 + 2 * 0.25
     assert out[1].tolist() == [0, -1.0, -0.75, -0.75, 0, 0]
     assert out[2].tolist() == [0, -1.25, -0.75, -0.75, 0, 0]
-    assert apply_penalties(logits, [1], [[]], SamplingParams()) is logits  # no penalties: untouched
+    assert adjust_logits(logits, [1], [[]], SamplingParams()) is logits  # no penalties: untouched
 
 
 @pytest.mark.parametrize(("name", "value"), [("presence_penalty", 2.5), ("frequency_penalty", -3),
