@@ -22,7 +22,7 @@ class SamplingParams:
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated, in [-2, 2]
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) pairs (or a dict) added to logits
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
