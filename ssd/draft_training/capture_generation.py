@@ -88,6 +88,8 @@ def generate_captured(
     top_k: int,
 ) -> list[CapturedSequence]:
     """Answer every prompt (one static batch) and capture every position of prompt + answer, in prompt order."""
+    if not prompts:
+        return []
     max_new = params.max_tokens
     stops = eos_token_ids | set(params.stop_token_ids)
     tables = _reserve(extractor, prompts, max_new)

@@ -47,3 +47,4 @@ def test_sampled_answers_are_seeded(tiny_llama):
     assert all(len(c.tokens) == len(p) + 8 for c, p in zip(first, PROMPTS, strict=True))
     other = generate_captured(extractor, PROMPTS, SamplingParams(temperature=1.0, max_tokens=8, seed=4), frozenset(), top_k=4)
     assert [c.tokens for c in other] != [c.tokens for c in first]
+    assert generate_captured(extractor, [], params, frozenset(), top_k=4) == []
