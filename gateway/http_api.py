@@ -5,7 +5,6 @@ away cancels its generation (the target call), streaming or not; /v1/ is guarded
 """
 
 import json
-import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -14,11 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.auth import ApiKeys
-from gateway.choices import choice_requests, combined, complete_all, merged_streams
+from gateway.choices import choice_requests, complete_all, merged_streams
 from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
-from gateway.logprobs_format import chat_logprobs, completion_logprobs
+from gateway.openai_responses import OpenAIResponse
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from protos.ssd.v1 import common_pb2
 
@@ -38,19 +37,6 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
     if logprobs is not None:
         params.logprobs = logprobs
     return params
-
-
-def _usage(d: TextDelta) -> dict:
-    usage = {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-             "total_tokens": d.prompt_tokens + d.completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": d.cached_prompt_tokens}}
-    if d.spec is not None:  # extension: per-request speculation stats
-        usage["speculation"] = {"num_drafts": d.spec.num_drafts, "num_draft_tokens": d.spec.num_draft_tokens,
-                                "num_accepted_tokens": d.spec.num_accepted_tokens}
-        if d.spec.num_cache_hits or d.spec.num_cache_misses:  # ssd: the draft's speculation cache
-            usage["speculation"].update(num_cache_hits=d.spec.num_cache_hits,
-                                        num_cache_misses=d.spec.num_cache_misses)
-    return usage
 
 
 def _sse(obj: dict) -> bytes:
@@ -87,62 +73,35 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
                                             "owned_by": "ssd-serve"}]}
 
-    def format_logprobs(d: TextDelta, chat: bool, text_offset: int) -> dict:
-        tok = generator.tokenizer()
-        return chat_logprobs(tok, d.logprobs) if chat else completion_logprobs(tok, d.logprobs, text_offset)
-
     async def run(request: Request, req: TextRequest, sampling: _Sampling, chat: bool) -> Response:
-        include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
-        created, model = int(time.time()), generator.model_name
-        rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
-        obj = "chat.completion" if chat else "text_completion"
         headers = {"x-request-id": req.request_id}
-        wants_logprobs = req.params.HasField("logprobs")
         reqs = choice_requests(req, sampling.n or 1)
+        out = OpenAIResponse(req.request_id, generator.model_name, chat, len(reqs), req.params.HasField("logprobs"),
+                             generator.tokenizer)
         if not sampling.stream:
             done = await unless_disconnected(complete_all(generator, reqs), request.receive)
             if done is None:  # the client left: the target calls are cancelled, their KV freed
                 log.info("client disconnected; generation cancelled", request_id=req.request_id)
                 return Response(status_code=499, headers=headers)  # nobody reads it (nginx's "client closed")
-            choices = []
-            for i, d in enumerate(done):
-                choice = {"index": i, "finish_reason": d.finish_reason,
-                          "logprobs": format_logprobs(d, chat, 0) if wants_logprobs else None}
-                choice |= {"message": {"role": "assistant", "content": d.text}} if chat else {"text": d.text}
-                choices.append(choice)
-            return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
-                                 "choices": choices, "usage": _usage(combined(done))}, headers=headers)
+            return JSONResponse(out.whole(done), headers=headers)
         deltas = merged_streams(generator, reqs)
         first = await anext(deltas)  # errors before the first token still get a proper HTTP status
-        text_offsets = [0] * len(reqs)  # completions' logprobs count characters across chunks
-
-        def chunk(i: int, d: TextDelta) -> dict:
-            logprobs = format_logprobs(d, chat, text_offsets[i]) if wants_logprobs else None
-            if logprobs is not None and not chat:
-                text_offsets[i] += sum(len(t) for t in logprobs["tokens"])
-            choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
-            choice |= {"delta": {"content": d.text}} if chat else {"text": d.text}
-            return {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": model,
-                    "choices": [choice]}
+        include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
 
         async def body() -> AsyncIterator[bytes]:
             last: list[TextDelta | None] = [None] * len(reqs)
             try:
                 if chat:
                     for i in range(len(reqs)):
-                        yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                    "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                 "finish_reason": None}]})
+                        yield _sse(out.role_chunk(i))
                 last[first[0]] = first[1]
-                yield _sse(chunk(*first))
+                yield _sse(out.chunk(*first))
                 async for i, d in deltas:
                     last[i] = d
                     if d.text or d.logprobs or d.finish_reason is not None:
-                        yield _sse(chunk(i, d))
+                        yield _sse(out.chunk(i, d))
                 if include_usage:
-                    yield _sse({"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
-                                "model": model, "choices": [],
-                                "usage": _usage(combined([d for d in last if d is not None]))})
+                    yield _sse(out.usage_chunk([d for d in last if d is not None]))
             except GatewayError as e:
                 yield _sse(openai_error_body(e.http_status, str(e)))
             finally:

@@ -1,0 +1,72 @@
+"""The OpenAI response bodies of one request: the whole completion, or its stream chunks (chat or completions).
+
+One `OpenAIResponse` per request holds what every body repeats (id, object, created, model) and the per-choice
+state a stream needs (completions' logprobs count characters across chunks).
+"""
+
+import time
+from collections.abc import Callable
+
+from gateway.choices import combined
+from gateway.generation import TextDelta
+from gateway.logprobs_format import chat_logprobs, completion_logprobs
+from gateway.tokenizer import TextTokenizer
+
+
+def usage(d: TextDelta) -> dict:
+    out = {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+           "total_tokens": d.prompt_tokens + d.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": d.cached_prompt_tokens}}
+    if d.spec is not None:  # extension: per-request speculation stats
+        out["speculation"] = {"num_drafts": d.spec.num_drafts, "num_draft_tokens": d.spec.num_draft_tokens,
+                              "num_accepted_tokens": d.spec.num_accepted_tokens}
+        if d.spec.num_cache_hits or d.spec.num_cache_misses:  # ssd: the draft's speculation cache
+            out["speculation"].update(num_cache_hits=d.spec.num_cache_hits, num_cache_misses=d.spec.num_cache_misses)
+    return out
+
+
+class OpenAIResponse:
+    def __init__(self, request_id: str, model: str, chat: bool, num_choices: int, wants_logprobs: bool,
+                 tokenizer: Callable[[], TextTokenizer]) -> None:
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.object = "chat.completion" if chat else "text_completion"
+        self.chunk_object = self.object + (".chunk" if chat else "")
+        self.created, self.model, self.chat = int(time.time()), model, chat
+        self.wants_logprobs = wants_logprobs
+        self.tokenizer = tokenizer
+        self.text_offsets = [0] * num_choices  # completions' logprobs count characters across chunks
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _logprobs(self, i: int, d: TextDelta) -> dict | None:
+        if not self.wants_logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer(), d.logprobs)
+        out = completion_logprobs(self.tokenizer(), d.logprobs, self.text_offsets[i])
+        self.text_offsets[i] += sum(len(t) for t in out["tokens"])
+        return out
+
+    def whole(self, done: list[TextDelta]) -> dict:
+        """The non-streamed body: every choice's whole completion."""
+        choices = []
+        for i, d in enumerate(done):
+            choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": self._logprobs(i, d)}
+            choice |= {"message": {"role": "assistant", "content": d.text}} if self.chat else {"text": d.text}
+            choices.append(choice)
+        return self._head(self.object) | {"choices": choices, "usage": usage(combined(done))}
+
+    def role_chunk(self, i: int) -> dict:
+        """Chat streams open each choice with the assistant role."""
+        return self._head(self.chunk_object) | {
+            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+
+    def chunk(self, i: int, d: TextDelta) -> dict:
+        choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": self._logprobs(i, d)}
+        choice |= {"delta": {"content": d.text}} if self.chat else {"text": d.text}
+        return self._head(self.chunk_object) | {"choices": [choice]}
+
+    def usage_chunk(self, last: list[TextDelta]) -> dict:
+        """`stream_options.include_usage`: a last chunk without choices, usage over all of them."""
+        return self._head(self.chunk_object) | {"choices": [], "usage": usage(combined(last))}
