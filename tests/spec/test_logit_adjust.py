@@ -11,7 +11,6 @@ from ssd.sampling.logit_adjust import adjust_logits
 from ssd.sampling.params import SamplingParams
 from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.proposer import TreeShape
-from tests.tiny_models import write_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9, 10, 11], [20, 21, 22, 20, 21]]
 PENALIZED = SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.5,
@@ -33,14 +32,6 @@ def test_penalty_arithmetic_counts_outputs_and_the_path():
 def test_penalties_are_range_checked(name, value):
     with pytest.raises(InvalidRequestError, match=name):
         SamplingParams(**{name: value})
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
-    return target, draft
 
 
 def _llm(models, speculation=None):  # type: ignore[no-untyped-def]

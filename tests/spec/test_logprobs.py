@@ -10,17 +10,8 @@ from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.proposer import TreeShape
-from tests.tiny_models import write_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9, 10, 11], [20, 21, 22, 20, 21]]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
-    return target, draft
 
 
 def _llm(models, speculation=None):  # type: ignore[no-untyped-def]
