@@ -69,7 +69,7 @@ class _Sampling(BaseModel):
     @classmethod
     def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit() and int(key) < 2**31):
                 raise ValueError(f"logit_bias keys are token ids, got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")

@@ -206,7 +206,7 @@ def test_bad_logprobs_requests_are_a_400_naming_the_field(path, body, param):
 
 
 @pytest.mark.parametrize(("field", "value"), [("presence_penalty", 2.5), ("frequency_penalty", -2.1),
-                                               ("presence_penalty", "high"), ("logit_bias", {"x1": 1}),
+                                               ("presence_penalty", "high"), ("logit_bias", {"x1": 1}), ("logit_bias", {"²": 1}), ("logit_bias", {"99999999999": 1}),
                                                ("logit_bias", {"5": 101}), ("logit_bias", [5])])
 def test_bad_penalties_and_biases_are_a_400(field, value):
     r = asyncio.run(_post(make_app(StubGenerator()), json.dumps({"prompt": "hi", field: value}).encode()))
