@@ -39,6 +39,14 @@ class Tokenizer:
         return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+def eos_token_ids(model_eos: list[int], tokenizer: Tokenizer | None) -> frozenset[int]:
+    """The ids that end an answer: the checkpoint config's EOS ids plus the tokenizer's."""
+    eos = set(model_eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return frozenset(eos)
+
+
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The folder's tokenizer, or None for a weights-only checkpoint (token-id prompts only)."""
     if not any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):

@@ -24,7 +24,7 @@ from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import load_model_config
 from ssd.models.eagle3 import default_aux_layers
 from ssd.sampling.params import SamplingParams
-from ssd.tokenizer import Tokenizer, load_tokenizer
+from ssd.tokenizer import Tokenizer, eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -98,14 +98,6 @@ def save_shard(path: Path, captured: list[CapturedSequence]) -> int:
     return int(lengths.sum())
 
 
-def eos_token_ids(target: Path, tokenizer: Tokenizer) -> frozenset[int]:
-    """The ids that end an answer: the checkpoint's EOS ids plus the tokenizer's (as the serving engine stops)."""
-    eos = set(load_model_config(target).eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    return frozenset(eos)
-
-
 def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     """Fill `cache` with every shard (skipping finished ones); returns the shard paths in order."""
     cache = Path(cache)
@@ -128,7 +120,7 @@ def generate_data(config: DataConfig, cache: Path) -> list[Path]:
     extractor = TargetFeatureExtractor(target, parse_dtype(config.dtype), config.resolved_aux_layers(),
                                        max_batch_tokens=2048)
     params = SamplingParams(temperature=config.temperature, max_tokens=config.max_new_tokens, seed=config.seed)
-    eos = eos_token_ids(target, tokenizer)
+    eos = eos_token_ids(load_model_config(target).eos_token_ids, tokenizer)
     bar = tqdm(todo, desc="draft data (shards)", unit="shard")
     for i in bar:
         started = time.perf_counter()

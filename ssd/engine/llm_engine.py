@@ -27,7 +27,7 @@ from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
 from ssd.spec.factory import build_proposer
 from ssd.spec.proposer import Proposer
-from ssd.tokenizer import load_tokenizer
+from ssd.tokenizer import eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -68,11 +68,9 @@ class LLMEngine:
         self.block_manager, self.runner = self.worker.block_manager, self.worker.runner
         self.tokenizer = load_tokenizer(path)
         mc = self.model_config
-        eos = set(mc.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
+        eos = eos_token_ids(mc.eos_token_ids, self.tokenizer)
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.info = EngineInfo(path, self.worker.num_blocks, max_len, frozenset(eos), mc.vocab_size)
+        self.info = EngineInfo(path, self.worker.num_blocks, max_len, eos, mc.vocab_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len))
         self.spec: SpeculativeDecoder | None = None
         if proposer is not None and config.speculation is None:
