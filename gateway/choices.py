@@ -1,4 +1,5 @@
-"""Several choices for one request (OpenAI `n`): independent generations of the same prompt, run concurrently.
+"""Several choices for one request (OpenAI `n`, `best_of`): independent generations of the same prompt, run
+concurrently; with best_of > n, the n candidates with the highest mean token logprob are returned.
 
 Each choice is its own target request (its own id, KV and replica pick), so one request with `n` choices costs
 what `n` requests cost. A seeded request gives choice i the seed + i: distinct answers that reproduce. Leaving
@@ -35,6 +36,19 @@ async def complete_all(generator: TextGenerator, reqs: list[TextRequest]) -> lis
         for t in tasks:
             t.cancel()  # no-op for finished ones
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def mean_logprob(d: TextDelta) -> float:
+    """The candidate's log probability per generated token under the target (0.0 for an empty answer)."""
+    return sum(lp.logprob for lp in d.logprobs) / len(d.logprobs) if d.logprobs else 0.0
+
+
+def best_choices(done: list[TextDelta], n: int) -> list[TextDelta]:
+    """The n likeliest candidates (mean token logprob), best first; ties keep candidate order."""
+    if len(done) == n:
+        return done
+    ranked = sorted(range(len(done)), key=lambda i: -mean_logprob(done[i]))
+    return [done[i] for i in ranked[:n]]
 
 
 _DONE = object()

@@ -50,6 +50,8 @@ class TextDelta:
     cached_prompt_tokens: int = 0
     spec: common_pb2.SpeculationStats | None = None
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)  # per token id, when asked
+    prompt_logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)  # first delta: prompt tokens 1..
+    prompt_token_ids: list[int] = field(default_factory=list)  # first delta only: the prompt as the target saw it
 
 
 class TextGenerator:
@@ -107,7 +109,7 @@ class TextGenerator:
         stops = StopStrings(list(req.stop))
         target_req = target_pb2.VerifierGenerateRequest(request_id=req.request_id, prompt_token_ids=ids,
                                                         params=params, mode=MODES[req.mode])
-        num_tokens, last_time, tried = 0, None, set()
+        num_tokens, last_time, tried, sent_prompt = 0, None, set(), False
         self.metrics.prompt_tokens.inc(len(ids))
         while True:
             replica = await self.router.pick(ids, tried)
@@ -130,7 +132,10 @@ class TextGenerator:
                     text = stops.push(detok.push(list(msg.token_ids)), is_last=is_last)
                     finish = "stop" if stops.is_stopped else FINISH_NAMES.get(msg.finish_reason)
                     delta = TextDelta(text, list(msg.token_ids), finish, len(ids), num_tokens,
-                                      msg.num_cached_prompt_tokens, logprobs=list(msg.logprobs))
+                                      msg.num_cached_prompt_tokens, logprobs=list(msg.logprobs),
+                                      prompt_logprobs=list(msg.prompt_logprobs),
+                                      prompt_token_ids=[] if sent_prompt else ids)
+                    sent_prompt = True
                     if finish is not None:
                         delta.spec = msg.spec if msg.HasField("spec") else None
                         self._finished(delta, start)
@@ -165,12 +170,14 @@ class TextGenerator:
 
     async def complete(self, req: TextRequest) -> TextDelta:
         """The whole completion as one delta (text and token ids concatenated)."""
-        text, ids, logprobs, last = [], [], [], None
+        text, ids, logprobs, prompt_logprobs, prompt_ids, last = [], [], [], [], [], None
         async for delta in self.stream(req):
             text.append(delta.text)
             ids.extend(delta.token_ids)
             logprobs.extend(delta.logprobs)
+            prompt_logprobs.extend(delta.prompt_logprobs)
+            prompt_ids.extend(delta.prompt_token_ids)
             last = delta
         assert last is not None  # stream() always ends with a finish delta or raises
         return TextDelta("".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens,
-                         last.cached_prompt_tokens, last.spec, logprobs)
+                         last.cached_prompt_tokens, last.spec, logprobs, prompt_logprobs, prompt_ids)

@@ -28,6 +28,8 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
         params.seed = req.seed
     if req.HasField("logprobs"):
         params.logprobs = req.logprobs
+    if req.HasField("prompt_logprobs"):
+        params.prompt_logprobs = req.prompt_logprobs
     messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
     return TextRequest(req.model or None, req.prompt if which == "prompt" else None, messages, params,
                        tuple(req.stop), MODE_NAMES.get(req.mode))
@@ -53,7 +55,7 @@ class GenerationServicer(gateway_pb2_grpc.GenerationServicer):
         d = await self.generator.complete(req)
         out = gateway_pb2.GenerateResponse(request_id=req.request_id, text=d.text,
                                            finish_reason=FINISH_CODES[d.finish_reason], usage=_usage(d),
-                                           logprobs=d.logprobs)
+                                           logprobs=d.logprobs, prompt_logprobs=d.prompt_logprobs)
         if d.spec is not None:
             out.spec.CopyFrom(d.spec)
         return out
@@ -65,7 +67,7 @@ class GenerationServicer(gateway_pb2_grpc.GenerationServicer):
         async for d in self.generator.stream(req):
             msg = gateway_pb2.GenerateStreamResponse(request_id=req.request_id, text=d.text, token_ids=d.token_ids,
                                                      finish_reason=FINISH_CODES[d.finish_reason],
-                                                     logprobs=d.logprobs)
+                                                     logprobs=d.logprobs, prompt_logprobs=d.prompt_logprobs)
             if d.finish_reason is not None:
                 msg.usage.CopyFrom(_usage(d))
                 if d.spec is not None:

@@ -4,6 +4,7 @@ Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps
 away cancels its generation (the target call), streaming or not; /v1/ is guarded by `http_asgi.RequestGuard`.
 """
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 
@@ -13,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.auth import ApiKeys
-from gateway.choices import choice_requests, complete_all, merged_streams
+from gateway.choices import best_choices, choice_requests, complete_all, merged_streams
 from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
@@ -37,6 +38,11 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
     if logprobs is not None:
         params.logprobs = logprobs
     return params
+
+
+def without_answer(d: TextDelta) -> TextDelta:
+    """A candidate scored but not answered (echo with max_tokens=0): its one generated token is dropped."""
+    return dataclasses.replace(d, text="", token_ids=[], logprobs=[], completion_tokens=0, finish_reason="length")
 
 
 def _sse(obj: dict) -> bytes:
@@ -73,17 +79,24 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
                                             "owned_by": "ssd-serve"}]}
 
-    async def run(request: Request, req: TextRequest, sampling: _Sampling, chat: bool) -> Response:
+    async def run(request: Request, req: TextRequest, sampling: CompletionRequest | ChatCompletionRequest,
+                  chat: bool, echo: str | None = None, score_only: bool = False) -> Response:
+        """`echo`: the prompt text the choices start with; `score_only`: the answer (one token) is dropped."""
         headers = {"x-request-id": req.request_id}
-        reqs = choice_requests(req, sampling.n or 1)
-        out = OpenAIResponse(req.request_id, generator.model_name, chat, len(reqs), req.params.HasField("logprobs"),
-                             generator.tokenizer)
+        n = sampling.n or 1
+        out = OpenAIResponse(req.request_id, generator.model_name, chat, n, req.params.HasField("logprobs"),
+                             generator.tokenizer, echo)
+        if sampling.candidates() > n and not req.params.HasField("logprobs"):
+            req.params.logprobs = 0  # ranking needs each token's logprob; the response leaves them out
+        reqs = choice_requests(req, sampling.candidates())
         if not sampling.stream:
             done = await unless_disconnected(complete_all(generator, reqs), request.receive)
             if done is None:  # the client left: the target calls are cancelled, their KV freed
                 log.info("client disconnected; generation cancelled", request_id=req.request_id)
                 return Response(status_code=499, headers=headers)  # nobody reads it (nginx's "client closed")
-            return JSONResponse(out.whole(done), headers=headers)
+            if score_only:
+                done = [without_answer(d) for d in done]
+            return JSONResponse(out.whole(best_choices(done, n), usage_of=done), headers=headers)
         deltas = merged_streams(generator, reqs)
         first = await anext(deltas)  # errors before the first token still get a proper HTTP status
         include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
@@ -117,9 +130,19 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
             if len(prompt) != 1:
                 raise InvalidRequest("exactly one prompt per request is supported", param="prompt")
             prompt = prompt[0]
-        params = _params(body, body.max_tokens, body.wanted_logprobs())
+        if body.candidates() < (body.n or 1):
+            raise InvalidRequest(f"best_of ({body.best_of}) must be >= n ({body.n})", param="best_of")
+        if body.stream and body.candidates() > (body.n or 1):
+            raise InvalidRequest("best_of > n cannot be streamed: the best choices are known only once every "
+                                 "candidate is done", param="best_of")
+        score_only = body.echo and body.max_tokens == 0  # OpenAI's way to score a prompt: echo it, generate nothing
+        if score_only and body.stream:
+            raise InvalidRequest("max_tokens=0 (scoring the prompt) cannot be streamed", param="max_tokens")
+        params = _params(body, 1 if score_only else body.max_tokens, body.wanted_logprobs())
+        if body.echo and body.logprobs is not None:
+            params.prompt_logprobs = body.logprobs
         req = TextRequest(body.model, prompt, None, params, body.stop_list(), body.mode)
-        return await run(request, req, body, chat=False)
+        return await run(request, req, body, chat=False, echo=prompt if body.echo else None, score_only=score_only)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:

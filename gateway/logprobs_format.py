@@ -23,17 +23,26 @@ def chat_logprobs(tok: TextTokenizer, logprobs: list[common_pb2.TokenLogprob]) -
     return {"content": content}
 
 
-def completion_logprobs(tok: TextTokenizer, logprobs: list[common_pb2.TokenLogprob], text_offset: int = 0) -> dict:
-    """`text_offset`: characters of the answer before these tokens (streamed chunks continue the count)."""
+def completion_logprobs(tok: TextTokenizer, logprobs: list[common_pb2.TokenLogprob], text_offset: int = 0,
+                        unscored_first: int | None = None) -> dict:
+    """`text_offset`: characters of the answer before these tokens (streamed chunks continue the count).
+    `unscored_first`: a token id to lead with, without a logprob (an echoed prompt's first token: null, as OpenAI)."""
     tokens, offsets = [], []
-    for lp in logprobs:
+    ids = ([] if unscored_first is None else [unscored_first]) + [lp.token_id for lp in logprobs]
+    for token_id in ids:
         offsets.append(text_offset)
-        tokens.append(tok.token_text(lp.token_id))
+        tokens.append(tok.token_text(token_id))
         text_offset += len(tokens[-1])
+    lead = [None] if unscored_first is not None else []
     return {
         "tokens": tokens,
-        "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{tok.token_text(t): v for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)}
-                         for lp in logprobs],
+        "token_logprobs": lead + [lp.logprob for lp in logprobs],
+        "top_logprobs": lead + [{tok.token_text(t): v for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)}
+                                for lp in logprobs],
         "text_offset": offsets,
     }
+
+
+def merged(first: dict, second: dict) -> dict:
+    """Two completions logprobs dicts, one after the other (an echoed prompt's, then the answer's)."""
+    return {key: first[key] + second[key] for key in first}

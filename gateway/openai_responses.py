@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from gateway.choices import combined
 from gateway.generation import TextDelta
-from gateway.logprobs_format import chat_logprobs, completion_logprobs
+from gateway.logprobs_format import chat_logprobs, completion_logprobs, merged
 from gateway.tokenizer import TextTokenizer
 
 
@@ -27,7 +27,8 @@ def usage(d: TextDelta) -> dict:
 
 class OpenAIResponse:
     def __init__(self, request_id: str, model: str, chat: bool, num_choices: int, wants_logprobs: bool,
-                 tokenizer: Callable[[], TextTokenizer]) -> None:
+                 tokenizer: Callable[[], TextTokenizer], echo: str | None = None) -> None:
+        """`echo`: completions' echo=true: the prompt text each choice's text (and logprobs) starts with."""
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = self.object + (".chunk" if chat else "")
@@ -35,6 +36,8 @@ class OpenAIResponse:
         self.wants_logprobs = wants_logprobs
         self.tokenizer = tokenizer
         self.text_offsets = [0] * num_choices  # completions' logprobs count characters across chunks
+        self.echo = echo
+        self.echoed = [False] * num_choices  # streams echo the prompt in each choice's first chunk
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -48,14 +51,27 @@ class OpenAIResponse:
         self.text_offsets[i] += sum(len(t) for t in out["tokens"])
         return out
 
-    def whole(self, done: list[TextDelta]) -> dict:
-        """The non-streamed body: every choice's whole completion."""
+    def _text_and_logprobs(self, i: int, d: TextDelta) -> tuple[str, dict | None]:
+        """Choice i's text and logprobs for this delta, led by the echoed prompt the first time."""
+        if self.echo is None or self.echoed[i]:
+            return d.text, self._logprobs(i, d)
+        self.echoed[i] = True
+        if not self.wants_logprobs or not d.prompt_token_ids:
+            return self.echo + d.text, self._logprobs(i, d)
+        prompt = completion_logprobs(self.tokenizer(), d.prompt_logprobs, 0, unscored_first=d.prompt_token_ids[0])
+        self.text_offsets[i] = sum(len(t) for t in prompt["tokens"])
+        return self.echo + d.text, merged(prompt, self._logprobs(i, d))
+
+    def whole(self, done: list[TextDelta], usage_of: list[TextDelta] | None = None) -> dict:
+        """The non-streamed body: every choice's whole completion; usage over `usage_of` (default: the choices),
+        so best_of's discarded candidates are counted."""
         choices = []
         for i, d in enumerate(done):
-            choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": self._logprobs(i, d)}
-            choice |= {"message": {"role": "assistant", "content": d.text}} if self.chat else {"text": d.text}
+            text, logprobs = self._text_and_logprobs(i, d)
+            choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
+            choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
             choices.append(choice)
-        return self._head(self.object) | {"choices": choices, "usage": usage(combined(done))}
+        return self._head(self.object) | {"choices": choices, "usage": usage(combined(usage_of or done))}
 
     def role_chunk(self, i: int) -> dict:
         """Chat streams open each choice with the assistant role."""
@@ -63,8 +79,9 @@ class OpenAIResponse:
             "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
 
     def chunk(self, i: int, d: TextDelta) -> dict:
-        choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": self._logprobs(i, d)}
-        choice |= {"delta": {"content": d.text}} if self.chat else {"text": d.text}
+        text, logprobs = self._text_and_logprobs(i, d)
+        choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
+        choice |= {"delta": {"content": text}} if self.chat else {"text": text}
         return self._head(self.chunk_object) | {"choices": [choice]}
 
     def usage_chunk(self, last: list[TextDelta]) -> dict:

@@ -14,8 +14,6 @@ MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "echo": (None, False),
-    "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
@@ -47,8 +45,6 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
-    echo: Any = None
-    best_of: Any = None
     suffix: Any = None
     tools: Any = None
     functions: Any = None
@@ -87,6 +83,11 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # candidates; the n likeliest are returned
+    echo: StrictBool = False  # the prompt leads the text (and, with logprobs, the logprobs: its first token unscored)
+
+    def candidates(self) -> int:
+        return self.best_of or self.n or 1
 
     def wanted_logprobs(self) -> int | None:
         return self.logprobs
@@ -110,6 +111,19 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: Any = None  # completions options, refused here unless neutral
+    echo: Any = None
+
+    @field_validator("best_of", "echo")
+    @classmethod
+    def _completions_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
+        if value not in (None, 1 if info.field_name == "best_of" else False):
+            raise ValueError(f"{info.field_name}={value!r} is not supported by this server on chat completions "
+                             "(a /v1/completions option)")
+        return value
+
+    def candidates(self) -> int:
+        return self.n or 1
 
     @field_validator("top_logprobs")
     @classmethod

@@ -33,6 +33,7 @@ class RequestOutput:
     latency_s: float | None = None  # time to the last token
     spec: dict | None = None  # speculation summary (drafts, accepted, tokens per round), when speculating
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first (params.prompt_logprobs)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class StreamDelta:
     text: str  # text new since the previous delta (never a broken UTF-8 character)
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
+    prompt_logprobs: list[TokenLogprob] | None = None  # first delta only, when params.prompt_logprobs is set
 
 
 class LLM:
@@ -97,6 +99,7 @@ class LLM:
                 if out.ttft_s is None:
                     out.ttft_s = time.perf_counter() - start
                     out.num_cached_prompt_tokens = step.num_cached_prompt_tokens
+                    out.prompt_logprobs = step.prompt_logprobs
                 out.token_ids.extend(step.new_token_ids)
                 if step.logprobs is not None:
                     out.logprobs = out.logprobs if out.logprobs is not None else []
@@ -125,7 +128,8 @@ class LLM:
                         continue
                     finished = step.finish_reason is not None
                     text = detok.push(step.new_token_ids) if detok is not None else ""
-                    yield StreamDelta(step.new_token_ids, text, step.finish_reason, step.logprobs)
+                    yield StreamDelta(step.new_token_ids, text, step.finish_reason, step.logprobs,
+                                      step.prompt_logprobs)
         finally:
             if not finished:
                 self.engine.abort(seq_id)

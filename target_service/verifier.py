@@ -44,6 +44,7 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         seed=p.seed if p.HasField("seed") else None, stop_token_ids=tuple(p.stop_token_ids),
         ignore_eos=p.ignore_eos, draft_temperature=p.draft_temperature if p.HasField("draft_temperature") else None,
         logprobs=p.logprobs if p.HasField("logprobs") else None,
+        prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         logit_bias=sorted(p.logit_bias.items()),
         speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
@@ -103,6 +104,7 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
                                                           logprobs=token_logprobs_proto(out.logprobs))
                 if first:
                     msg.num_cached_prompt_tokens = out.num_cached_prompt_tokens
+                    msg.prompt_logprobs.extend(token_logprobs_proto(out.prompt_logprobs))
                     first = False
                 if finished:
                     msg.finish_reason = FINISH_REASONS[out.finish_reason]

@@ -22,7 +22,7 @@ from ssd.engine.spec_decode import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_store import resolve_model
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
-from ssd.sampling.logprobs import TokenLogprob, token_logprobs
+from ssd.sampling.logprobs import TokenLogprob, prompt_token_logprobs, token_logprobs
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
 from ssd.spec.factory import build_proposer
@@ -51,6 +51,7 @@ class StepOutput:
     num_cached_prompt_tokens: int  # prompt tokens the prefix cache served at admission
     spec: dict | None = None  # the request's speculation summary, on its last step
     logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked (params.logprobs)
+    prompt_logprobs: list[TokenLogprob] | None = None  # first output only: prompt tokens 1.. (params.prompt_logprobs)
 
 
 class LLMEngine:
@@ -142,23 +143,37 @@ class LLMEngine:
     def _forward_and_sample(self, batch: ScheduledBatch) -> tuple[list[int], list[list[TokenLogprob] | None]]:
         """One forward; each sequence's next token, plus its logprob where the request asked."""
         items = [
-            ForwardItem(seq.token_ids[seq.num_cached_tokens :], seq.num_cached_tokens, seq.block_table)
+            ForwardItem(seq.token_ids[seq.num_cached_tokens :], seq.num_cached_tokens, seq.block_table,
+                        num_logits=seq.num_tokens - seq.num_cached_tokens if seq.needs_prompt_logprobs else 1)
             for seq in batch.seqs
         ]
         aux_layers = self.spec.feature_layers if self.spec is not None else ()
-        out = self.runner.forward(items, batch.mode, aux_layers)  # logits [B, V]
+        out = self.runner.forward(items, batch.mode, aux_layers)  # logits [sum(num_logits), V]
         if out.aux_hidden is not None:  # the proposer learns every new position's target features
             rows = out.aux_hidden.split([len(it.token_ids) for it in items])
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
                 self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
-        logits = out.logits  # [B, V]
+        logits = out.logits  # [B, V] unless some sequence scores its prompt
+        if any(seq.needs_prompt_logprobs for seq in batch.seqs):
+            logits = self._score_prompts(batch.seqs, items, logits)
+        raw = logits
         if any(has_adjustments(s.params) for s in batch.seqs):
             logits = torch.cat([adjust_logits(logits[b : b + 1], s.output_token_ids, [[]], s.params)
                                 for b, s in enumerate(batch.seqs)])
         tokens = sample_tokens(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
-        logprobs = [None if s.params.logprobs is None else token_logprobs(out.logits[b : b + 1], [t], s.params.logprobs)
+        logprobs = [None if s.params.logprobs is None else token_logprobs(raw[b : b + 1], [t], s.params.logprobs)
                     for b, (s, t) in enumerate(zip(batch.seqs, tokens, strict=True))]
         return tokens, logprobs
+
+    @staticmethod
+    def _score_prompts(seqs: list[Sequence], items: list[ForwardItem], logits: torch.Tensor) -> torch.Tensor:
+        """logits [sum(num_logits), V] -> each item's last row [B, V]; the sequences that asked keep their prompt
+        logprobs (their prefill starts at position 0, so row i scores prompt token i + 1)."""
+        per_item = logits.split([it.num_logits for it in items])
+        for seq, rows in zip(seqs, per_item, strict=True):
+            if seq.needs_prompt_logprobs:
+                seq.prompt_logprobs = prompt_token_logprobs(rows[:-1], seq.token_ids[1:], seq.params.prompt_logprobs)
+        return torch.stack([rows[-1] for rows in per_item])
 
     def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]],
                 new_logprobs: list[list[TokenLogprob] | None]) -> list[StepOutput]:
@@ -175,6 +190,7 @@ class LLMEngine:
                     break
             seq.num_cached_tokens = min(seq.num_cached_tokens, seq.num_tokens - 1)
             self.block_manager.commit(seq)
+            prompt_logprobs = seq.prompt_logprobs if seq.first_token_time is None else None
             if seq.first_token_time is None:
                 seq.first_token_time = now
             spec = None
@@ -185,7 +201,7 @@ class LLMEngine:
             elif self.spec is not None:
                 self.spec.proposer.commit(seq.seq_id, seq.num_tokens)
             outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,
-                                      None if logprobs is None else logprobs[: len(emitted)]))
+                                      None if logprobs is None else logprobs[: len(emitted)], prompt_logprobs))
         return outputs
 
     def finish_reason(self, seq: Sequence, new_tokens: list[int]) -> FinishReason | None:

@@ -54,7 +54,7 @@ class Scheduler:
                 break  # FIFO: nobody overtakes the head of the queue
             self.waiting.popleft()
             first_admission = seq.num_preemptions == 0
-            self.block_manager.allocate(seq)
+            self.block_manager.allocate(seq, reuse_prefix=not seq.needs_prompt_logprobs)
             if first_admission:
                 seq.num_prefix_cached_tokens = seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING

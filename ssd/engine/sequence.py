@@ -6,6 +6,7 @@ from enum import Enum, StrEnum
 
 import torch
 
+from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from ssd.spec.metrics import SpecCounters
 
@@ -39,6 +40,12 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     spec_counters: SpecCounters = field(default_factory=SpecCounters)  # this request's speculation
+    prompt_logprobs: list[TokenLogprob] | None = None  # set at the first prefill when params.prompt_logprobs asks
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """The next prefill must score every prompt token (so it may not start from cached prefix blocks)."""
+        return self.params.prompt_logprobs is not None and self.prompt_logprobs is None
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -13,7 +13,7 @@ from ssd.context import ForwardMode
 from ssd.engine.model_runner import ForwardItem, ModelRunner
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
-from ssd.sampling.logit_adjust import adjust_logits
+from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
 from ssd.spec.config import SpeculationConfig
@@ -110,7 +110,8 @@ class SpeculativeDecoder:
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""
-        logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params)  # as the answer would stand
+        if has_adjustments(seq.params):  # each row as the answer would stand at that node
+            logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params)
         if seq.params.is_greedy:
             return verify_greedy(spec, logits.argmax(dim=-1).tolist())
         return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)

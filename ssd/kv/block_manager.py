@@ -71,14 +71,15 @@ class BlockManager:
     def can_allocate(self, seq: PagedSequence) -> bool:
         return self.blocks_for(len(seq.token_ids)) <= self.num_free_blocks
 
-    def allocate(self, seq: PagedSequence) -> None:
-        """Give a new (or preempted) sequence blocks for all its tokens, reusing cached prefix blocks."""
+    def allocate(self, seq: PagedSequence, reuse_prefix: bool = True) -> None:
+        """Give a new (or preempted) sequence blocks for all its tokens, reusing cached prefix blocks unless
+        `reuse_prefix` is False (every token then gets computed, e.g. to score the prompt)."""
         if seq.block_table:
             raise RuntimeError("allocate() on a sequence that already holds blocks")
         tokens = seq.token_ids
         bs = self.block_size
         # never reuse the block holding the last token: its logits must be computed
-        num_reusable = (len(tokens) - 1) // bs if self.enable_prefix_caching else 0
+        num_reusable = (len(tokens) - 1) // bs if self.enable_prefix_caching and reuse_prefix else 0
         h = 0
         for i in range(num_reusable):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])

@@ -30,3 +30,15 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> 
     else:
         tops = [()] * len(token_ids)
     return [TokenLogprob(t, lp, top) for t, lp, top in zip(token_ids, chosen, tops, strict=True)]
+
+
+PROMPT_ROWS_PER_CHUNK = 256  # bounds the float32 log-softmax temporaries of a long prompt
+
+
+def prompt_token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> list[TokenLogprob]:
+    """`token_logprobs` for a whole prompt's rows (logits [n, V], row i scoring token_ids[i]), chunk by chunk."""
+    out: list[TokenLogprob] = []
+    for start in range(0, len(token_ids), PROMPT_ROWS_PER_CHUNK):
+        end = start + PROMPT_ROWS_PER_CHUNK
+        out.extend(token_logprobs(logits[start:end], token_ids[start:end], num_top))
+    return out

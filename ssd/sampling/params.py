@@ -20,6 +20,7 @@ class SamplingParams:
     speculate: bool = True  # False: plain decoding for this request even when the engine speculates
     ssd: bool = False  # ask a remote draft to answer from its SSD speculation cache (in-process: the engine's config)
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (scored at prefill)
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated, in [-2, 2]
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) pairs (or a dict) added to logits
@@ -42,11 +43,11 @@ class SamplingParams:
             raise InvalidRequestError(f"draft_temperature must be >= 0, got {self.draft_temperature!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
-        if self.logprobs is not None and (
-            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
-        ):
-            raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_TOP_LOGPROBS):
+                raise InvalidRequestError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:

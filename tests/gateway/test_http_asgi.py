@@ -18,6 +18,7 @@ from gateway.auth import ApiKeys
 from gateway.errors import InvalidRequest
 from gateway.generation import TextDelta, TextRequest
 from gateway.http_api import build_app
+from protos.ssd.v1 import common_pb2
 
 KEY = "k"
 LIMIT = 4096
@@ -126,8 +127,8 @@ def test_generation_errors_keep_their_status_through_the_disconnect_watch():
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("response_format", {"type": "json_object"}), ("best_of", 2),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True),
+    ("response_format", {"type": "json_object"}),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("suffix", "end"),
 ])
 def test_unsupported_openai_options_are_refused_not_ignored(field, value):
     gen = StubGenerator()
@@ -212,6 +213,117 @@ def test_bad_penalties_and_biases_are_a_400(field, value):
     r = asyncio.run(_post(make_app(StubGenerator()), json.dumps({"prompt": "hi", field: value}).encode()))
     assert_openai_error(r, 400)
     assert r.json()["error"]["param"] == field
+
+
+class RankedStub(StubGenerator):
+    """Candidate with seed s answers f"answer-{s}" whose tokens have logprob -LOGPROB_BY_SEED[s] each."""
+
+    LOGPROB_BY_SEED = {10: 2.0, 11: 0.5, 12: 1.0, 13: 3.0}
+
+    async def complete(self, req: TextRequest) -> TextDelta:
+        self.requests.append(req)
+        lp = -self.LOGPROB_BY_SEED[req.params.seed]
+        logprobs = [common_pb2.TokenLogprob(token_id=t, logprob=lp) for t in (1, 2)]
+        return TextDelta(f"answer-{req.params.seed}", [1, 2], "length", prompt_tokens=3, completion_tokens=2,
+                         logprobs=logprobs)
+
+
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_best_of_returns_the_n_likeliest_candidates_and_counts_them_all(logprobs):
+    gen = RankedStub()
+    body = {"prompt": "hi", "best_of": 4, "n": 2, "seed": 10, "temperature": 1.0, "logprobs": logprobs}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["text"] for c in out["choices"]] == ["answer-11", "answer-12"]  # mean logprob -0.5, then -1.0
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    assert out["usage"]["completion_tokens"] == 8  # every candidate's tokens
+    assert sorted(q.params.seed for q in gen.requests) == [10, 11, 12, 13]
+    assert all(q.params.logprobs == (logprobs or 0) for q in gen.requests)  # asked for, to rank them
+    if logprobs is None:
+        assert all(c["logprobs"] is None for c in out["choices"])  # not shown unless asked for
+    else:
+        assert out["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.5]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "hi", "best_of": 2, "n": 3}),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3, "stream": True}),
+    ("/v1/completions", {"prompt": "hi", "best_of": 17}),
+    ("/v1/completions", {"prompt": "hi", "best_of": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "best_of": 2}),
+])
+def test_bad_best_of_is_a_400_naming_it(path, body):
+    gen = StubGenerator()
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode(), path))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == "best_of"
+    assert gen.requests == []
+
+
+def test_best_of_equal_to_n_streams():
+    gen = StubGenerator()
+    body = {"prompt": "hi", "best_of": 2, "n": 2, "stream": True}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    assert len(gen.requests) == 2 and not gen.requests[0].params.HasField("logprobs")
+
+
+class EchoStub(StubGenerator):
+    """The prompt is tokens 7 8 9 (prompt logprobs -1, -2 when asked); the answer token 1 (logprob -0.5)."""
+
+    async def complete(self, req: TextRequest) -> TextDelta:
+        self.requests.append(req)
+        scored = req.params.HasField("prompt_logprobs")
+        prompt_lps = [common_pb2.TokenLogprob(token_id=t, logprob=v) for t, v in ((8, -1.0), (9, -2.0))] if scored else []
+        answer_lps = [common_pb2.TokenLogprob(token_id=1, logprob=-0.5)] if req.params.HasField("logprobs") else []
+        return TextDelta("ok", [1], "length", prompt_tokens=3, completion_tokens=1, logprobs=answer_lps,
+                         prompt_logprobs=prompt_lps, prompt_token_ids=[7, 8, 9])
+
+    async def stream(self, req: TextRequest):  # noqa: ANN201
+        yield await self.complete(req)
+
+
+def test_echo_leads_with_the_prompt_and_its_logprobs():
+    gen = EchoStub()
+    r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": "abc", "echo": True, "logprobs": 0}).encode()))
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "abcok"
+    assert choice["logprobs"] == {"tokens": ["<7>", "<8>", "<9>", "<1>"], "token_logprobs": [None, -1.0, -2.0, -0.5],
+                                  "top_logprobs": [None, {}, {}, {}], "text_offset": [0, 3, 6, 9]}
+    assert gen.requests[0].params.prompt_logprobs == 0
+
+    r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": "abc", "echo": True}).encode()))
+    assert r.json()["choices"][0] == {"index": 0, "finish_reason": "length", "logprobs": None, "text": "abcok"}
+    assert not gen.requests[1].params.HasField("prompt_logprobs")  # echoing text alone needs no scoring
+
+    body = {"prompt": "abc", "echo": True, "stream": True, "logprobs": 0}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == "abcok"
+    assert events[0]["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.0, -2.0, -0.5]
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_only():
+    gen = EchoStub()
+    body = {"prompt": "abc", "echo": True, "logprobs": 1, "max_tokens": 0}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["choices"][0]["text"] == "abc" and out["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.0, -2.0]
+    assert out["usage"]["completion_tokens"] == 0 and gen.requests[0].params.max_tokens == 1
+    for bad in ({"prompt": "abc", "max_tokens": 0}, {"prompt": "abc", "echo": True, "max_tokens": 0, "stream": True}):
+        r = asyncio.run(_post(make_app(gen), json.dumps(bad).encode()))
+        assert_openai_error(r, 400)
+        assert r.json()["error"]["param"] == "max_tokens"
+
+
+def test_echo_on_chat_is_refused():
+    body = {"messages": [{"role": "user", "content": "hi"}], "echo": True}
+    r = asyncio.run(_post(make_app(StubGenerator()), json.dumps(body).encode(), "/v1/chat/completions"))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == "echo"
 
 
 def test_penalties_and_biases_reach_the_target_params():

@@ -71,3 +71,32 @@ def test_grpc_gateway_returns_logprobs(stack):
         assert all(len(lp.top_token_ids) == 1 and lp.logprob <= 0 for lp in entries)
         whole = stub.Generate(req, metadata=md, timeout=120)
         assert [lp.token_id for lp in whole.logprobs] == [lp.token_id for lp in entries]
+        assert not whole.prompt_logprobs
+        req.prompt_logprobs = 0
+        whole = stub.Generate(req, metadata=md, timeout=120)
+        parts = list(stub.GenerateStream(req, metadata=md, timeout=120))
+        prompt_ids = [lp.token_id for lp in whole.prompt_logprobs]
+        assert len(prompt_ids) >= 3 and all(lp.logprob <= 0 for lp in whole.prompt_logprobs)
+        assert [lp.token_id for lp in parts[0].prompt_logprobs] == prompt_ids
+        assert all(not p.prompt_logprobs for p in parts[1:])
+
+
+def test_echo_scores_the_prompt_like_the_offline_engine(stack, offline_greedy):
+    from ssd.sampling.params import SamplingParams
+
+    prompt = "The capital of France is Paris."
+    llm = offline_greedy.llm
+    ids = llm.tokenizer.encode(prompt)
+    expected = llm.generate(ids, SamplingParams(max_tokens=1, prompt_logprobs=1))[0].prompt_logprobs
+    client = openai_client(stack.url, API_KEY)
+    for mode in ("ar", "sd"):
+        reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                          extra_body={"mode": mode})
+        choice = reply.choices[0]
+        assert choice.text == prompt and reply.usage.completion_tokens == 0
+        lp = choice.logprobs
+        assert "".join(lp.tokens) == prompt and lp.token_logprobs[0] is None
+        assert lp.token_logprobs[1:] == pytest.approx([e.logprob for e in expected], abs=1e-4)
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    answered = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, echo=True, temperature=0)
+    assert answered.choices[0].text.startswith(prompt) and len(answered.choices[0].text) > len(prompt)

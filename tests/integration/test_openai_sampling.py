@@ -1,5 +1,5 @@
 """OpenAI sampling options through the real services: `n` concurrent choices (choice i reproducing a single
-request seeded seed + i, usage summed), and presence / frequency penalties with a logit bias giving the offline
+request seeded seed + i, usage summed), `best_of` (the likeliest of the seeded candidates), and presence / frequency penalties with a logit bias giving the offline
 engine's answer."""
 
 import pytest
@@ -30,6 +30,18 @@ def test_n_choices_match_single_requests_seeded_apart(stack):
         for c in chunk.choices:
             texts[c.index] += c.text
     assert texts[0] == texts[1] != ""  # greedy: both choices are the same answer
+
+
+def test_best_of_returns_the_candidate_with_the_highest_mean_logprob(stack):
+    client = openai_client(stack.url, API_KEY)
+    sampling = {"model": MODEL, "prompt": "My favourite animal is", "max_tokens": 8, "temperature": 1.0,
+                "logprobs": 0, "extra_body": {"mode": "ar", "ignore_eos": True}}
+    singles = [client.completions.create(seed=3 + i, **sampling).choices[0] for i in range(3)]
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in singles]
+    best = client.completions.create(best_of=3, seed=3, **sampling)
+    assert len(best.choices) == 1
+    assert best.choices[0].text == singles[means.index(max(means))].text
+    assert best.usage.completion_tokens == 3 * 8
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])

@@ -72,3 +72,30 @@ def test_logprobs_off_by_default_and_validated(models):
     for bad in (-1, 21, True, 1.5):
         with pytest.raises(InvalidRequestError, match="logprobs"):
             SamplingParams(logprobs=bad)
+
+
+def test_prompt_logprobs_score_every_prompt_token_after_the_first(models):
+    extractor = TargetFeatureExtractor(models[0], torch.float32, aux_layers=(0, 1, 2), max_batch_tokens=64)
+    spec = SpeculationConfig(draft=str(models[1]), num_speculative_tokens=3)
+    for llm in (_llm(models), _llm(models, spec)):
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))  # leaves the prompt's blocks in the prefix cache
+        params = [SamplingParams(max_tokens=4, prompt_logprobs=2, logprobs=1), SamplingParams(max_tokens=4)]
+        scored, plain = llm.generate([PROMPTS[0], PROMPTS[1]], params)
+        assert plain.prompt_logprobs is None
+        assert [lp.token_id for lp in scored.prompt_logprobs] == PROMPTS[0][1:]  # cached prefix or not
+        logp = torch.log_softmax(extractor.extract([PROMPTS[0]])[0].logits[:-1], dim=-1)  # row i: token i + 1
+        for i, lp in enumerate(scored.prompt_logprobs):
+            assert lp.logprob == pytest.approx(float(logp[i, lp.token_id]), abs=1e-4)
+            assert [t for t, _ in lp.top] == logp[i].topk(2).indices.tolist()
+        assert scored.token_ids == plain_answer(llm, PROMPTS[0])  # scoring changes nothing else
+        streamed = list(llm.generate_stream(PROMPTS[0], SamplingParams(max_tokens=3, prompt_logprobs=0)))
+        assert [lp.token_id for lp in streamed[0].prompt_logprobs] == PROMPTS[0][1:]
+        assert all(d.prompt_logprobs is None for d in streamed[1:])
+    assert _llm(models).generate([PROMPTS[2][:1]], SamplingParams(max_tokens=1, prompt_logprobs=0))[0].prompt_logprobs == []
+    for bad in (-1, 21, True):
+        with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
+            SamplingParams(prompt_logprobs=bad)
+
+
+def plain_answer(llm, prompt):  # type: ignore[no-untyped-def]
+    return llm.generate(prompt, SamplingParams(max_tokens=4))[0].token_ids
