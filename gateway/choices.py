@@ -84,8 +84,10 @@ async def merged_streams(generator: TextGenerator, reqs: list[TextRequest]) -> A
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def combined(last_deltas: list[TextDelta]) -> TextDelta:
-    """One usage over all choices: the prompt once, the completion tokens and speculation counters summed."""
+def combined(groups: list[list[TextDelta]]) -> TextDelta:
+    """One usage over every prompt's choices (a group per prompt): each prompt once, the completion tokens and
+    speculation counters summed."""
+    last_deltas = [d for g in groups for d in g]
     first = last_deltas[0]
     specs = [d.spec for d in last_deltas if d.spec is not None]
     spec = None
@@ -93,5 +95,5 @@ def combined(last_deltas: list[TextDelta]) -> TextDelta:
         spec = common_pb2.SpeculationStats()
         for f in spec.DESCRIPTOR.fields:
             setattr(spec, f.name, sum(getattr(s, f.name) for s in specs))
-    return TextDelta("", [], first.finish_reason, first.prompt_tokens,
-                     sum(d.completion_tokens for d in last_deltas), first.cached_prompt_tokens, spec)
+    return TextDelta("", [], first.finish_reason, sum(g[0].prompt_tokens for g in groups),
+                     sum(d.completion_tokens for d in last_deltas), sum(g[0].cached_prompt_tokens for g in groups), spec)

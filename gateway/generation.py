@@ -32,7 +32,7 @@ MODES = {"ar": common_pb2.SPECULATION_MODE_AR, "sd": common_pb2.SPECULATION_MODE
 @dataclass(frozen=True)
 class TextRequest:
     model: str | None  # None / "" = the served model
-    prompt: str | None  # a raw prompt, or
+    prompt: str | list[int] | None  # a raw prompt (text, or token ids sent as they are), or
     messages: list[dict] | None  # chat messages (the template is applied)
     params: common_pb2.SamplingParams  # max_tokens 0 = the default
     stop: tuple[str, ...] = ()
@@ -81,11 +81,7 @@ class TextGenerator:
                                 param="model")
         if req.mode not in MODES:
             raise InvalidRequest(f"mode must be 'ar', 'sd' or 'ssd', got {req.mode!r}", param="mode")
-        tok = self.tokenizer()
-        text = tok.chat_prompt(req.messages) if req.messages is not None else req.prompt
-        if not text:
-            raise InvalidRequest("the prompt is empty", param="prompt")
-        ids = tok.encode(text)
+        ids = self._prompt_ids(req)
         info = self.router.info()
         max_len = info.max_model_len if info is not None else 0
         limit = self.config.max_prompt_tokens or max(1, max_len - 1)
@@ -100,6 +96,21 @@ class TextGenerator:
         if max_len:
             params.max_tokens = max(1, min(params.max_tokens, max_len - len(ids)))
         return ids, params
+
+    def _prompt_ids(self, req: TextRequest) -> list[int]:
+        if isinstance(req.prompt, list):  # token ids, sent as they are
+            info = self.router.info()
+            vocab = info.vocab_size if info is not None else 0
+            if not req.prompt:
+                raise InvalidRequest("the prompt is empty", param="prompt")
+            if vocab and not all(0 <= t < vocab for t in req.prompt):
+                raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            return list(req.prompt)
+        tok = self.tokenizer()
+        text = tok.chat_prompt(req.messages) if req.messages is not None else req.prompt
+        if not text:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        return tok.encode(text)
 
     async def stream(self, req: TextRequest) -> AsyncIterator[TextDelta]:
         ids, params = self.prepare(req)

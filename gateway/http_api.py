@@ -6,6 +6,7 @@ away cancels its generation (the target call), streaming or not; /v1/ is guarded
 
 import dataclasses
 import json
+import uuid
 from collections.abc import AsyncIterator
 
 import structlog
@@ -19,7 +20,7 @@ from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
 from gateway.openai_responses import OpenAIResponse
-from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
+from gateway.openai_schema import MAX_TARGET_REQUESTS, ChatCompletionRequest, CompletionRequest, _Sampling
 from protos.ssd.v1 import common_pb2
 
 log = structlog.get_logger(__name__)
@@ -79,25 +80,30 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
                                             "owned_by": "ssd-serve"}]}
 
-    async def run(request: Request, req: TextRequest, sampling: CompletionRequest | ChatCompletionRequest,
-                  chat: bool, echo: str | None = None, score_only: bool = False) -> Response:
-        """`echo`: the prompt text the choices start with; `score_only`: the answer (one token) is dropped."""
-        headers = {"x-request-id": req.request_id}
-        n = sampling.n or 1
-        out = OpenAIResponse(req.request_id, generator.model_name, chat, n, req.params.HasField("logprobs"),
-                             generator.tokenizer, echo)
-        if sampling.candidates() > n and not req.params.HasField("logprobs"):
-            req.params.logprobs = 0  # ranking needs each token's logprob; the response leaves them out
-        reqs = choice_requests(req, sampling.candidates())
+    async def run(request: Request, request_id: str, prompts: list[TextRequest],
+                  sampling: CompletionRequest | ChatCompletionRequest, chat: bool, echoes: list[str] | None = None,
+                  score_only: bool = False) -> Response:
+        """One response for every prompt's n choices (choice index = prompt index * n + i). `echoes`: per prompt,
+        the text its choices start with; `score_only`: the answers (one token each) are dropped."""
+        headers = {"x-request-id": request_id}
+        n, candidates = sampling.n or 1, sampling.candidates()
+        params = prompts[0].params  # shared by every prompt's request
+        out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, params.HasField("logprobs"),
+                             generator.tokenizer, None if echoes is None else [e for e in echoes for _ in range(n)])
+        if candidates > n and not params.HasField("logprobs"):
+            params.logprobs = 0  # ranking needs each token's logprob; the response leaves them out
+        reqs = [c for r in prompts for c in choice_requests(r, candidates)]
         if not sampling.stream:
             done = await unless_disconnected(complete_all(generator, reqs), request.receive)
             if done is None:  # the client left: the target calls are cancelled, their KV freed
-                log.info("client disconnected; generation cancelled", request_id=req.request_id)
+                log.info("client disconnected; generation cancelled", request_id=request_id)
                 return Response(status_code=499, headers=headers)  # nobody reads it (nginx's "client closed")
             if score_only:
                 done = [without_answer(d) for d in done]
-            return JSONResponse(out.whole(best_choices(done, n), usage_of=done), headers=headers)
-        deltas = merged_streams(generator, reqs)
+            groups = [done[j * candidates : (j + 1) * candidates] for j in range(len(prompts))]
+            choices = [d for g in groups for d in best_choices(g, n)]
+            return JSONResponse(out.whole(choices, groups), headers=headers)
+        deltas = merged_streams(generator, reqs)  # candidates == n here: request i is choice i
         first = await anext(deltas)  # errors before the first token still get a proper HTTP status
         include_usage = bool(sampling.stream_options and sampling.stream_options.include_usage)
 
@@ -114,7 +120,8 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
                     if d.text or d.logprobs or d.finish_reason is not None:
                         yield _sse(out.chunk(i, d))
                 if include_usage:
-                    yield _sse(out.usage_chunk([d for d in last if d is not None]))
+                    groups = [[d for d in last[j * n : (j + 1) * n] if d is not None] for j in range(len(prompts))]
+                    yield _sse(out.usage_chunk([g for g in groups if g]))
             except GatewayError as e:
                 yield _sse(openai_error_body(e.http_status, str(e)))
             finally:
@@ -125,14 +132,14 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:
-        prompt = body.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise InvalidRequest("exactly one prompt per request is supported", param="prompt")
-            prompt = prompt[0]
-        if body.candidates() < (body.n or 1):
+        prompts = body.prompts()
+        n, candidates = body.n or 1, body.candidates()
+        if len(prompts) * candidates > MAX_TARGET_REQUESTS:
+            raise InvalidRequest(f"{len(prompts)} prompts x {candidates} choices is more than the "
+                                 f"{MAX_TARGET_REQUESTS} generations one request may ask for", param="prompt")
+        if candidates < n:
             raise InvalidRequest(f"best_of ({body.best_of}) must be >= n ({body.n})", param="best_of")
-        if body.stream and body.candidates() > (body.n or 1):
+        if body.stream and candidates > n:
             raise InvalidRequest("best_of > n cannot be streamed: the best choices are known only once every "
                                  "candidate is done", param="best_of")
         score_only = body.echo and body.max_tokens == 0  # OpenAI's way to score a prompt: echo it, generate nothing
@@ -141,8 +148,14 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         params = _params(body, 1 if score_only else body.max_tokens, body.wanted_logprobs())
         if body.echo and body.logprobs is not None:
             params.prompt_logprobs = body.logprobs
-        req = TextRequest(body.model, prompt, None, params, body.stop_list(), body.mode)
-        return await run(request, req, body, chat=False, echo=prompt if body.echo else None, score_only=score_only)
+        request_id = uuid.uuid4().hex
+        reqs = [TextRequest(body.model, p, None, params, body.stop_list(), body.mode,
+                            request_id=f"{request_id}-p{j}" if len(prompts) > 1 else request_id)
+                for j, p in enumerate(prompts)]
+        echoes = None
+        if body.echo:
+            echoes = [p if isinstance(p, str) else generator.tokenizer().decode(p) for p in prompts]
+        return await run(request, request_id, reqs, body, chat=False, echoes=echoes, score_only=score_only)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
@@ -150,6 +163,6 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = _params(body, max_tokens, body.wanted_logprobs())
         req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode)
-        return await run(request, req, body, chat=True)
+        return await run(request, req.request_id, [req], body, chat=True)
 
     return app

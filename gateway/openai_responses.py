@@ -27,8 +27,8 @@ def usage(d: TextDelta) -> dict:
 
 class OpenAIResponse:
     def __init__(self, request_id: str, model: str, chat: bool, num_choices: int, wants_logprobs: bool,
-                 tokenizer: Callable[[], TextTokenizer], echo: str | None = None) -> None:
-        """`echo`: completions' echo=true: the prompt text each choice's text (and logprobs) starts with."""
+                 tokenizer: Callable[[], TextTokenizer], echoes: list[str] | None = None) -> None:
+        """`echoes`: completions' echo=true: per choice, the prompt text its text (and logprobs) starts with."""
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = self.object + (".chunk" if chat else "")
@@ -36,7 +36,7 @@ class OpenAIResponse:
         self.wants_logprobs = wants_logprobs
         self.tokenizer = tokenizer
         self.text_offsets = [0] * num_choices  # completions' logprobs count characters across chunks
-        self.echo = echo
+        self.echoes = echoes
         self.echoed = [False] * num_choices  # streams echo the prompt in each choice's first chunk
 
     def _head(self, obj: str) -> dict:
@@ -53,25 +53,25 @@ class OpenAIResponse:
 
     def _text_and_logprobs(self, i: int, d: TextDelta) -> tuple[str, dict | None]:
         """Choice i's text and logprobs for this delta, led by the echoed prompt the first time."""
-        if self.echo is None or self.echoed[i]:
+        if self.echoes is None or self.echoed[i]:
             return d.text, self._logprobs(i, d)
         self.echoed[i] = True
         if not self.wants_logprobs or not d.prompt_token_ids:
-            return self.echo + d.text, self._logprobs(i, d)
+            return self.echoes[i] + d.text, self._logprobs(i, d)
         prompt = completion_logprobs(self.tokenizer(), d.prompt_logprobs, 0, unscored_first=d.prompt_token_ids[0])
         self.text_offsets[i] = sum(len(t) for t in prompt["tokens"])
-        return self.echo + d.text, merged(prompt, self._logprobs(i, d))
+        return self.echoes[i] + d.text, merged(prompt, self._logprobs(i, d))
 
-    def whole(self, done: list[TextDelta], usage_of: list[TextDelta] | None = None) -> dict:
-        """The non-streamed body: every choice's whole completion; usage over `usage_of` (default: the choices),
-        so best_of's discarded candidates are counted."""
+    def whole(self, done: list[TextDelta], groups: list[list[TextDelta]]) -> dict:
+        """The non-streamed body: every choice's whole completion; usage over `groups` (every prompt's candidates,
+        so best_of's discarded ones are counted)."""
         choices = []
         for i, d in enumerate(done):
             text, logprobs = self._text_and_logprobs(i, d)
             choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
             choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
             choices.append(choice)
-        return self._head(self.object) | {"choices": choices, "usage": usage(combined(usage_of or done))}
+        return self._head(self.object) | {"choices": choices, "usage": usage(combined(groups))}
 
     def role_chunk(self, i: int) -> dict:
         """Chat streams open each choice with the assistant role."""
@@ -84,6 +84,6 @@ class OpenAIResponse:
         choice |= {"delta": {"content": text}} if self.chat else {"text": text}
         return self._head(self.chunk_object) | {"choices": [choice]}
 
-    def usage_chunk(self, last: list[TextDelta]) -> dict:
-        """`stream_options.include_usage`: a last chunk without choices, usage over all of them."""
-        return self._head(self.chunk_object) | {"choices": [], "usage": usage(combined(last))}
+    def usage_chunk(self, groups: list[list[TextDelta]]) -> dict:
+        """`stream_options.include_usage`: a last chunk without choices, usage over all of them (a group per prompt)."""
+        return self._head(self.chunk_object) | {"choices": [], "usage": usage(combined(groups))}

@@ -7,10 +7,13 @@ are ignored, as OpenAI clients send many.
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
+
+from gateway.errors import InvalidRequest
 
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
 MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
+MAX_TARGET_REQUESTS = 256  # prompts x choices (or best_of) of one completions request
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -81,13 +84,23 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    # text, several texts, token ids, or several token-id lists (as OpenAI's completions accept)
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # candidates; the n likeliest are returned
     echo: StrictBool = False  # the prompt leads the text (and, with logprobs, the logprobs: its first token unscored)
 
     def candidates(self) -> int:
         return self.best_of or self.n or 1
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: a text or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise InvalidRequest("the prompt list is empty", param="prompt")
+        return [p] if isinstance(p[0], int) else list(p)
 
     def wanted_logprobs(self) -> int | None:
         return self.logprobs

@@ -326,6 +326,55 @@ def test_echo_on_chat_is_refused():
     assert r.json()["error"]["param"] == "echo"
 
 
+def test_several_prompts_and_token_id_prompts():
+    gen = StubGenerator()
+    r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": ["a", "b"], "n": 2, "seed": 1}).encode()))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert sorted((q.prompt, q.params.seed) for q in gen.requests) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert out["usage"]["prompt_tokens"] == 6 and out["usage"]["completion_tokens"] == 4  # each prompt once
+    assert len({q.request_id for q in gen.requests}) == 4
+
+    for prompt, expected in (([5, 6, 7], [[5, 6, 7]]), ([[5, 6], [7]], [[5, 6], [7]])):
+        gen = StubGenerator()
+        r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": prompt}).encode()))
+        assert r.status_code == 200, r.text
+        assert [q.prompt for q in gen.requests] == expected
+
+    body = {"prompt": [["x"]], "stream": True}
+    assert asyncio.run(_post(make_app(StubGenerator()), json.dumps(body).encode())).status_code == 400
+
+
+@pytest.mark.parametrize("prompt", [[], ["a", 1], [[1], "a"], [True], 5, [[1.5]]])
+def test_malformed_prompts_are_a_400(prompt):
+    gen = StubGenerator()
+    r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": prompt}).encode()))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"].startswith("prompt")
+    assert gen.requests == []
+
+
+def test_too_many_generations_in_one_request_are_a_400():
+    body = {"prompt": ["a"] * 17, "n": 16}
+    r = asyncio.run(_post(make_app(StubGenerator()), json.dumps(body).encode()))
+    assert_openai_error(r, 400)
+    assert "256" in r.json()["error"]["message"]
+
+
+def test_streamed_choices_of_several_prompts_have_their_own_index():
+    gen = StubGenerator()
+    body = {"prompt": ["a", "b"], "stream": True, "echo": True, "stream_options": {"include_usage": True}}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    texts = {0: "", 1: ""}
+    for e in events:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == {0: "aok", 1: "bok"}
+    assert events[-1]["usage"]["prompt_tokens"] == 6
+
+
 def test_penalties_and_biases_reach_the_target_params():
     gen = StubGenerator()
     body = {"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"50256": -100}}

@@ -100,3 +100,14 @@ def test_echo_scores_the_prompt_like_the_offline_engine(stack, offline_greedy):
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     answered = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, echo=True, temperature=0)
     assert answered.choices[0].text.startswith(prompt) and len(answered.choices[0].text) > len(prompt)
+
+    # what an evaluation harness sends for log-likelihoods: a batch of token-id prompts, echoed and scored
+    other = llm.tokenizer.encode("Two plus two is four.")
+    batch = client.completions.create(model=MODEL, prompt=[ids, other], max_tokens=1, echo=True, logprobs=1,
+                                      temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text.startswith(prompt)
+    assert batch.choices[0].logprobs.token_logprobs[1 : len(ids)] == pytest.approx(
+        [e.logprob for e in expected], abs=1e-4)
+    assert len(batch.choices[1].logprobs.tokens) == len(other) + 1  # the prompt's tokens, then the answer's one
+    assert batch.usage.prompt_tokens == len(ids) + len(other)
