@@ -82,6 +82,16 @@ async def _post(app, content, path: str = "/v1/completions", headers: dict | Non
         return await client.post(path, content=content, headers=headers or HEADERS)
 
 
+def streamed_texts(r: httpx.Response) -> tuple[list[dict], dict[int, str]]:
+    """A completions stream's events and each choice's concatenated text."""
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    texts: dict[int, str] = {}
+    for e in events:
+        for c in e["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    return events, texts
+
+
 def assert_openai_error(r: httpx.Response, status: int) -> None:
     assert r.status_code == status
     error = r.json()["error"]
@@ -165,11 +175,7 @@ def test_n_choices_stream_interleaved_with_their_index():
     gen = StubGenerator()
     body = {"prompt": "hi", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
     r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
-    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
-    texts = {0: "", 1: ""}
-    for e in events:
-        for c in e["choices"]:
-            texts[c["index"]] += c["text"]
+    events, texts = streamed_texts(r)
     assert texts == {0: "ok", 1: "ok"}
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
     assert r.text.rstrip().endswith("data: [DONE]")
@@ -366,11 +372,7 @@ def test_streamed_choices_of_several_prompts_have_their_own_index():
     gen = StubGenerator()
     body = {"prompt": ["a", "b"], "stream": True, "echo": True, "stream_options": {"include_usage": True}}
     r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
-    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
-    texts = {0: "", 1: ""}
-    for e in events:
-        for c in e["choices"]:
-            texts[c["index"]] += c["text"]
+    events, texts = streamed_texts(r)
     assert texts == {0: "aok", 1: "bok"}
     assert events[-1]["usage"]["prompt_tokens"] == 6
 
