@@ -23,7 +23,9 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
         raise InvalidRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
     params = common_pb2.SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k,
                                        max_tokens=req.max_tokens, presence_penalty=req.presence_penalty,
-                                       frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias)
+                                       frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias,
+                                       repetition_penalty=req.repetition_penalty, min_p=req.min_p,
+                                       min_tokens=req.min_tokens, stop_token_ids=req.stop_token_ids)
     if req.HasField("seed"):
         params.seed = req.seed
     if req.HasField("logprobs"):

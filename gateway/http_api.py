@@ -33,7 +33,9 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
                                        max_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
                                        presence_penalty=body.presence_penalty or 0.0,
                                        frequency_penalty=body.frequency_penalty or 0.0,
-                                       logit_bias=body.token_bias())
+                                       logit_bias=body.token_bias(), repetition_penalty=body.repetition_penalty,
+                                       min_p=body.min_p, min_tokens=body.min_tokens,
+                                       stop_token_ids=body.stop_token_ids or [])
     if body.seed is not None:
         params.seed = body.seed
     if logprobs is not None:

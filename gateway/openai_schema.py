@@ -39,6 +39,10 @@ class _Sampling(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)  # extension (vLLM-style)
     ignore_eos: StrictBool = False  # extension (vLLM-style): EOS does not end the answer
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)  # extension (vLLM / HF): prompt and answer tokens
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM): relative probability floor
+    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): EOS / stop token ids barred before this many
+    stop_token_ids: list[StrictInt] | None = None  # extension (vLLM): token ids that end the answer
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: StrictBool = False

@@ -46,7 +46,8 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         logprobs=p.logprobs if p.HasField("logprobs") else None,
         prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-        logit_bias=sorted(p.logit_bias.items()),
+        logit_bias=sorted(p.logit_bias.items()), repetition_penalty=p.repetition_penalty or 1.0, min_p=p.min_p,
+        min_tokens=p.min_tokens,
         speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
         ssd=mode == common_pb2.SPECULATION_MODE_SSD)
 

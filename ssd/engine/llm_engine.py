@@ -106,8 +106,9 @@ class LLMEngine:
                 f"the request needs {needed} tokens of KV; the cache holds {self.block_manager.num_blocks} blocks"
             )
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_source))
+        ending = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.info.eos_token_ids)
         seq = Sequence(next(self._ids), list(prompt_token_ids), len(prompt_token_ids), params,
-                       torch.Generator().manual_seed(seed))  # on CPU on any device: sampling runs on CPU
+                       torch.Generator().manual_seed(seed), ending_ids=ending)  # generator on CPU: sampling runs there
         self.seqs[seq.seq_id] = seq
         self.scheduler.add(seq)
         return seq.seq_id
@@ -158,8 +159,8 @@ class LLMEngine:
             logits = self._score_prompts(batch.seqs, items, logits)
         raw = logits
         if any(has_adjustments(s.params) for s in batch.seqs):
-            logits = torch.cat([adjust_logits(logits[b : b + 1], s.output_token_ids, [[]], s.params)
-                                for b, s in enumerate(batch.seqs)])
+            logits = torch.cat([adjust_logits(logits[b : b + 1], s.output_token_ids, [[]], s.params,
+                                              s.prompt_token_ids, s.ending_ids) for b, s in enumerate(batch.seqs)])
         tokens = sample_tokens(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         logprobs = [None if s.params.logprobs is None else token_logprobs(raw[b : b + 1], [t], s.params.logprobs)
                     for b, (s, t) in enumerate(zip(batch.seqs, tokens, strict=True))]
@@ -205,9 +206,8 @@ class LLMEngine:
         return outputs
 
     def finish_reason(self, seq: Sequence, new_tokens: list[int]) -> FinishReason | None:
-        p = seq.params
-        if any(t in p.stop_token_ids or (not p.ignore_eos and t in self.info.eos_token_ids) for t in new_tokens):
+        if any(t in seq.ending_ids for t in new_tokens):
             return FinishReason.STOP
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.info.max_model_len:
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.info.max_model_len:
             return FinishReason.LENGTH
         return None

@@ -41,6 +41,7 @@ class Sequence:
     first_token_time: float | None = None
     spec_counters: SpecCounters = field(default_factory=SpecCounters)  # this request's speculation
     prompt_logprobs: list[TokenLogprob] | None = None  # set at the first prefill when params.prompt_logprobs asks
+    ending_ids: frozenset[int] = frozenset()  # tokens that finish it: the stop ids, and EOS unless ignore_eos
 
     @property
     def needs_prompt_logprobs(self) -> bool:

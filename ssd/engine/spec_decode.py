@@ -111,7 +111,8 @@ class SpeculativeDecoder:
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""
         if has_adjustments(seq.params):  # each row as the answer would stand at that node
-            logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params)
+            logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params, seq.prompt_token_ids,
+                                   seq.ending_ids)
         if seq.params.is_greedy:
             return verify_greedy(spec, logits.argmax(dim=-1).tolist())
         return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)

@@ -24,6 +24,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated, in [-2, 2]
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) pairs (or a dict) added to logits
+    repetition_penalty: float = 1.0  # > 0; tokens in the prompt or answer: logit / penalty if > 0, else * penalty
+    min_p: float = 0.0  # in [0, 1]: drop tokens less likely than min_p x the most likely one (after temperature)
+    min_tokens: int = 0  # EOS and the stop token ids cannot end the answer before it holds this many tokens
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -52,6 +55,15 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
                 raise InvalidRequestError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, int | float)
+                or not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0)):
+            raise InvalidRequestError(f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, int | float) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not (
+                0 <= self.min_tokens <= self.max_tokens):
+            raise InvalidRequestError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                                      f"got {self.min_tokens!r}")
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 

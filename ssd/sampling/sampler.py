@@ -1,4 +1,4 @@
-"""From logits to the target distribution p (temperature, top-k, top-p) and to sampled tokens.
+"""From logits to the target distribution p (temperature, top-k, min-p, top-p) and to sampled tokens.
 
 `target_probs` is the one definition of p used by plain sampling and, later, by verification.
 Each sequence draws from its own torch.Generator, so a seeded request gives the same tokens
@@ -18,6 +18,9 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token

@@ -386,6 +386,19 @@ def test_penalties_and_biases_reach_the_target_params():
     assert dict(params.logit_bias) == {50256: -100.0}
 
 
+def test_vllm_sampling_extensions_reach_the_target_params():
+    gen = StubGenerator()
+    body = {"prompt": "hi", "repetition_penalty": 1.2, "min_p": 0.1, "min_tokens": 4, "stop_token_ids": [7, 9]}
+    assert asyncio.run(_post(make_app(gen), json.dumps(body).encode())).status_code == 200
+    params = gen.requests[0].params
+    assert (params.repetition_penalty, params.min_tokens, list(params.stop_token_ids)) == (pytest.approx(1.2), 4, [7, 9])
+    assert params.min_p == pytest.approx(0.1)
+    for field, value in (("repetition_penalty", 0), ("min_p", 2), ("min_tokens", -1), ("stop_token_ids", ["a"])):
+        r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": "hi", field: value}).encode()))
+        assert_openai_error(r, 400)
+        assert r.json()["error"]["param"].startswith(field)
+
+
 def test_logprobs_reach_the_target_params():
     gen = StubGenerator()
     asyncio.run(_post(make_app(gen), json.dumps({"prompt": "hi", "logprobs": 2}).encode()))

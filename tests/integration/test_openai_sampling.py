@@ -45,6 +45,24 @@ def test_best_of_returns_the_candidate_with_the_highest_mean_logprob(stack):
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_vllm_extensions_through_the_services_equal_the_offline_engine(stack, offline_greedy, mode):
+    from ssd.sampling.params import SamplingParams
+
+    llm = offline_greedy.llm
+    prompt = "Count: one, two, three,"
+    free = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=30))[0].token_ids
+    params = SamplingParams(temperature=0.0, max_tokens=30, repetition_penalty=1.3, min_tokens=20,
+                            stop_token_ids=(free[1],))
+    expected = llm.generate(prompt, params)[0]
+    assert expected.token_ids != free and len(expected.token_ids) >= 20
+    client = openai_client(stack.url, API_KEY)
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0,
+                                      extra_body={"mode": mode, "repetition_penalty": 1.3, "min_tokens": 20,
+                                                  "stop_token_ids": [free[1]], "min_p": 0.2})
+    assert reply.choices[0].text == expected.text  # min_p does not change a greedy answer
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
 def test_penalties_and_bias_through_the_services_equal_the_offline_engine(stack, offline_greedy, mode):
     from ssd.sampling.params import SamplingParams
 

@@ -8,9 +8,11 @@ from scipy.stats import chi2
 
 
 def joint_distribution(hf_model, prompt: list[int], temperature: float, num_tokens: int = 3,
-                       presence: float = 0.0, frequency: float = 0.0) -> dict[tuple, float]:
+                       presence: float = 0.0, frequency: float = 0.0, repetition: float = 1.0,
+                       min_p: float = 0.0) -> dict[tuple, float]:
     """P(t1..tn | prompt) for every token tuple, by exhaustive batched forwards in float64; `presence` and
-    `frequency` penalize the tokens already generated (OpenAI semantics)."""
+    `frequency` penalize the tokens already generated (OpenAI semantics), `repetition` those of the prompt and
+    the answer (HF semantics); `min_p` drops tokens below min_p x the likeliest."""
     vocab = hf_model.config.vocab_size
     probs: dict[tuple, float] = {(): 1.0}
     for depth in range(num_tokens):
@@ -22,8 +24,13 @@ def joint_distribution(hf_model, prompt: list[int], temperature: float, num_toke
         for i, p in enumerate(prefixes):
             for t in p:
                 counts[i, t] += 1
+        seen = counts > 0
+        seen[:, prompt] = True
+        logits = torch.where(seen, torch.where(logits > 0, logits / repetition, logits * repetition), logits)
         logits = logits - frequency * counts - presence * (counts > 0).double()
         step = torch.softmax(logits / temperature, dim=-1)
+        step = step.masked_fill(step < min_p * step.max(dim=-1, keepdim=True).values, 0.0)
+        step = step / step.sum(dim=-1, keepdim=True)
         probs = {p + (t,): probs[p] * float(step[i, t]) for i, p in enumerate(prefixes) for t in range(vocab)}
     return probs
 

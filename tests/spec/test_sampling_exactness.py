@@ -79,6 +79,15 @@ def test_speculative_sampling_with_penalties_matches_the_penalized_target(setup)
     assert chi_square_pvalue(samples, setup[2]) < 0.001  # and the unpenalized distribution is rejected
 
 
+def test_speculative_sampling_with_repetition_penalty_and_min_p_matches_the_adjusted_target(setup):
+    """The vLLM extensions: a repetition penalty over prompt + answer (per tree node) and min-p truncation."""
+    options = {"repetition_penalty": 1.6, "min_p": 0.08}
+    exact = joint_distribution(setup[3], PROMPT, TEMP, repetition=1.6, min_p=0.08)
+    samples = sample_first_tokens(setup[0], _spec(setup, "tree"), None, options)
+    assert chi_square_pvalue(samples, exact) > 0.001
+    assert chi_square_pvalue(samples, setup[2]) < 0.001
+
+
 def test_joint_distribution_sums_to_one(setup):
     assert abs(sum(setup[2].values()) - 1.0) < 1e-9
     assert torch.isfinite(torch.tensor(list(setup[2].values()))).all()
