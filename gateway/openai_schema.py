@@ -5,7 +5,7 @@ silently gets something other than what it asked for. Other unknown fields (`use
 are ignored, as OpenAI clients send many.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
@@ -14,6 +14,7 @@ from gateway.errors import InvalidRequest
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
 MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 MAX_TARGET_REQUESTS = 256  # prompts x choices (or best_of) of one completions request
+TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]  # fits the wire's int32; the target checks its vocabulary
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -42,7 +43,7 @@ class _Sampling(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)  # extension (vLLM / HF): prompt and answer tokens
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM): relative probability floor
     min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): EOS / stop token ids barred before this many
-    stop_token_ids: list[StrictInt] | None = None  # extension (vLLM): token ids that end the answer
+    stop_token_ids: list[TokenId] | None = None  # extension (vLLM): token ids that end the answer
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: StrictBool = False
@@ -89,7 +90,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     # text, several texts, token ids, or several token-id lists (as OpenAI's completions accept)
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # candidates; the n likeliest are returned
     echo: StrictBool = False  # the prompt leads the text (and, with logprobs, the logprobs: its first token unscored)

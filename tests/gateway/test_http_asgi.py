@@ -352,7 +352,7 @@ def test_several_prompts_and_token_id_prompts():
     assert asyncio.run(_post(make_app(StubGenerator()), json.dumps(body).encode())).status_code == 400
 
 
-@pytest.mark.parametrize("prompt", [[], ["a", 1], [[1], "a"], [True], 5, [[1.5]]])
+@pytest.mark.parametrize("prompt", [[], ["a", 1], [[1], "a"], [True], 5, [[1.5]], [2**31], [[-1]]])
 def test_malformed_prompts_are_a_400(prompt):
     gen = StubGenerator()
     r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": prompt}).encode()))
@@ -393,7 +393,8 @@ def test_vllm_sampling_extensions_reach_the_target_params():
     params = gen.requests[0].params
     assert (params.repetition_penalty, params.min_tokens, list(params.stop_token_ids)) == (pytest.approx(1.2), 4, [7, 9])
     assert params.min_p == pytest.approx(0.1)
-    for field, value in (("repetition_penalty", 0), ("min_p", 2), ("min_tokens", -1), ("stop_token_ids", ["a"])):
+    for field, value in (("repetition_penalty", 0), ("min_p", 2), ("min_tokens", -1), ("stop_token_ids", ["a"]),
+                         ("stop_token_ids", [2**40])):
         r = asyncio.run(_post(make_app(gen), json.dumps({"prompt": "hi", field: value}).encode()))
         assert_openai_error(r, 400)
         assert r.json()["error"]["param"].startswith(field)
