@@ -56,7 +56,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
         num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
         max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
-        max_train_minutes=max_train_minutes, aux_layers=aux_layers,
+        max_train_minutes=max_train_minutes, aux_layers=aux_layers, intermediate_size=args.intermediate_size,
     )
     summary = train_head(train, shards, out, work / "checkpoints")
     num_generated = sum(1 for p in shards if p.name.startswith("shard-"))
@@ -155,6 +155,8 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-tokens", type=int, default=512)
     t.add_argument("--unroll", type=int, default=3, help="training-time-test steps (1 = no unroll)")
+    t.add_argument("--intermediate-size", type=int, default=None,
+                   help="the head's MLP width (default: the target's); wider costs step time and checkpoint size")
     t.add_argument("--vocab-coverage", type=float, default=0.95)
     t.add_argument("--min-draft-vocab", type=int, default=8192)
     t.add_argument("--max-draft-vocab", type=int, default=12288)

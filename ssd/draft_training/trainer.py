@@ -8,7 +8,7 @@ A checkpoint (head + optimizer + step) is written after every epoch and resumed 
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class TrainConfig:
     is_feature_norm: bool = True  # RMS-normalize each target feature layer before fc (see Eagle3Config)
     is_bf16_autocast: bool = True  # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on these CPUs
     aux_layers: tuple[int, int, int] | None = None  # the layers the data's features come from; None = default
+    intermediate_size: int | None = None  # the decoder layer's MLP width; None = the target's
 
 
 def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
@@ -117,6 +118,8 @@ def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
     torch.manual_seed(config.seed)
     head_config = Eagle3Config.from_target(target_config, vocab.size, aux_layers=config.aux_layers,
                                            feature_norm=config.is_feature_norm)
+    if config.intermediate_size is not None:
+        head_config = replace(head_config, intermediate_size=config.intermediate_size)
     head = Eagle3Head(head_config, embedding)
     with torch.no_grad():
         head.lm_head.weight.copy_(lm_head[vocab.target_ids])

@@ -6,7 +6,7 @@ from ssd.draft_training.dataset import DistilledSequence, batch_plan, make_batch
 from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
 from ssd.draft_training.trainer import TrainConfig, batch_loss, init_head
 from ssd.draft_training.unroll import unrolled_logits
-from ssd.models.eagle3 import default_aux_layers
+from ssd.models.eagle3 import Eagle3Config, default_aux_layers
 from tests.models.test_eagle3 import tiny_head
 
 
@@ -109,6 +109,13 @@ def test_head_config_carries_the_data_aux_layers(tiny_llama):
     assert head.config.aux_layers == (0, 1, 2)
     default = init_head(TrainConfig(target=str(tiny_llama)), vocab).config.aux_layers
     assert default == default_aux_layers(3)  # the tiny target has 3 layers
+
+
+def test_a_wider_head_mlp_is_built_and_round_trips(tiny_llama):
+    vocab = DraftVocab(torch.arange(0, 96, 2), 96, 1.0)
+    head = init_head(TrainConfig(target=str(tiny_llama), intermediate_size=40), vocab)
+    assert head.config.intermediate_size == 40
+    assert Eagle3Config.from_dict(head.config.to_dict()).intermediate_size == 40
 
 
 def test_unroll_step_two_equals_incremental_drafting():
