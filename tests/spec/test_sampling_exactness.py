@@ -79,6 +79,7 @@ def test_speculative_sampling_with_penalties_matches_the_penalized_target(setup)
     assert chi_square_pvalue(samples, setup[2]) < 0.001  # and the unpenalized distribution is rejected
 
 
+@pytest.mark.slow  # ~100 s; the same adjustment path as the penalties' chi-square test, which runs by default
 def test_speculative_sampling_with_repetition_penalty_and_min_p_matches_the_adjusted_target(setup):
     """The vLLM extensions: a repetition penalty over prompt + answer (per tree node) and min-p truncation."""
     options = {"repetition_penalty": 1.6, "min_p": 0.08}
