@@ -89,11 +89,9 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         the text its choices start with; `score_only`: the answers (one token each) are dropped."""
         headers = {"x-request-id": request_id}
         n, candidates = sampling.n or 1, sampling.candidates()
-        params = prompts[0].params  # shared by every prompt's request
-        out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, params.HasField("logprobs"),
-                             generator.tokenizer, None if echoes is None else [e for e in echoes for _ in range(n)])
-        if candidates > n and not params.HasField("logprobs"):
-            params.logprobs = 0  # ranking needs each token's logprob; the response leaves them out
+        out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, sampling.wanted_logprobs()
+                             is not None, generator.tokenizer,
+                             None if echoes is None else [e for e in echoes for _ in range(n)])
         reqs = [c for r in prompts for c in choice_requests(r, candidates)]
         if not sampling.stream:
             done = await unless_disconnected(complete_all(generator, reqs), request.receive)
@@ -150,6 +148,8 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         params = _params(body, 1 if score_only else body.max_tokens, body.wanted_logprobs())
         if body.echo and body.logprobs is not None:
             params.prompt_logprobs = body.logprobs
+        if candidates > n and body.logprobs is None:
+            params.logprobs = 0  # ranking the candidates needs each token's logprob; the response leaves them out
         request_id = uuid.uuid4().hex
         reqs = [TextRequest(body.model, p, None, params, body.stop_list(), body.mode,
                             request_id=f"{request_id}-p{j}" if len(prompts) > 1 else request_id)

@@ -46,16 +46,17 @@ def adjust_logits(
         return logits
     n, vocab = logits.shape
     out = logits.float()  # may be `logits` itself: every step below makes a new tensor
+    penalizes_counts = params.presence_penalty != 0 or params.frequency_penalty != 0
+    counts = _path_counts(output_ids, paths, vocab) if penalizes_counts or params.repetition_penalty != 1.0 else None
     if params.repetition_penalty != 1.0:
-        seen = _path_counts(output_ids, paths, vocab) > 0  # [n, V]
+        seen = counts > 0  # [n, V]
         seen[:, torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)] = True
         penalized = torch.where(out > 0, out / params.repetition_penalty, out * params.repetition_penalty)
         out = torch.where(seen, penalized, out)
     if params.logit_bias:
         ids, bias = zip(*params.logit_bias, strict=True)
         out = out.index_add(1, torch.tensor(ids, dtype=torch.long), torch.tensor(bias).expand(n, -1))
-    if params.presence_penalty != 0 or params.frequency_penalty != 0:
-        counts = _path_counts(output_ids, paths, vocab)
+    if penalizes_counts:
         out = out - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
     if params.min_tokens > len(output_ids) and stop_ids:
         short = torch.tensor([len(output_ids) + len(p) < params.min_tokens for p in paths])  # [n]
