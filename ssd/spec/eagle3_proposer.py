@@ -4,8 +4,9 @@ Per sequence it keeps the head's dense KV and the fused target features g_j (SSD
 ssd/models/eagle3.py: head position j takes (embedding of x_{j+1}, g_j) and predicts x_{j+2}).
 Each round it first runs the head over committed positions whose real target features arrived
 (the verify forward's accepted path), then drafts: a chain self-conditions step by step; a tree
-expands the best top-k children by cumulative log-probability, each node from its parent's
-cloned KV. Drafted positions are scratch: the next round truncates back to the real ones.
+(ssd/spec/eagle3_tree.py) expands the best top-k children by cumulative log-probability, every frontier
+node of every tree in one tree-masked head forward per depth. Drafted positions are scratch: the next
+round truncates back to the real ones.
 Devices: the head, its KV, hidden states and fused features live on the head's device; the draft log-probs
 the token logic reads are moved to CPU, where sampling uses the sequences' CPU generators.
 """
@@ -23,7 +24,8 @@ from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import ModelConfig
 from ssd.models.eagle3 import HeadKVCache
 from ssd.sampling.sampler import sample_from
-from ssd.spec.proposer import ProposeRequest, TreeShape
+from ssd.spec.eagle3_tree import TokenTree
+from ssd.spec.proposer import ProposeRequest
 from ssd.spec.speculation import Speculation
 
 
@@ -33,16 +35,6 @@ class _HeadSeq:
     fused: torch.Tensor  # [m, d] fused features g_0..g_{m-1}, on the head's device
     num_real: int = 0  # head positions computed from real target features
     rows: list[torch.Tensor] = field(default_factory=list)  # [(out_hidden [d], draft logits [Vd])] (device)
-
-
-@dataclass
-class _Node:
-    token: int  # target id
-    parent: int
-    score: float  # cumulative draft log-probability
-    hidden: torch.Tensor | None = None  # [d] the head's out_hidden at this node (head's device)
-    logprobs: torch.Tensor | None = None  # [draft_vocab] next-token log-probs after this node (CPU)
-    cache: HeadKVCache | None = None
 
 
 class Eagle3Proposer:
@@ -96,7 +88,8 @@ class Eagle3Proposer:
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
         chains = iter(self._chains([r for r in requests if r.tree is None]))
-        return [self._tree(r, r.tree) if r.tree is not None else next(chains) for r in requests]
+        trees = iter(self._trees([r for r in requests if r.tree is not None]))
+        return [next(trees) if r.tree is not None else next(chains) for r in requests]
 
     def _to_target_q(self, probs: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [vocab]
         return self.head.to_target_vocab(probs[None], 0.0)[0]
@@ -139,34 +132,18 @@ class Eagle3Proposer:
         return [Speculation(t, None, torch.stack(q) if q else None) for t, q in zip(tokens, qs, strict=True)]
 
     @torch.inference_mode()
-    def _tree(self, r: ProposeRequest, shape: TreeShape) -> Speculation:
-        state, hidden, logprobs = self._catch_up(r)
-        nodes = [_Node(-1, -1, 0.0, hidden, logprobs, state.cache)]
-        frontier = [0]
-        for depth in range(1, min(r.num_tokens, shape.depth) + 1):
-            cand = []
-            for node_id in frontier:
-                top = torch.topk(nodes[node_id].logprobs, shape.top_k)
-                cand.extend((nodes[node_id].score + float(v), node_id, int(t))
-                            for v, t in zip(top.values, top.indices, strict=True))
-            cand.sort(key=lambda c: -c[0])
-            cand = cand[: shape.budget - (len(nodes) - 1)]
-            if not cand:
-                break
-            frontier = []
-            for score, parent, draft_id in cand:
-                token = int(self.head.to_target_ids(torch.tensor(draft_id)))
-                nodes.append(_Node(token, parent, score))
-                frontier.append(len(nodes) - 1)
-            if depth == min(r.num_tokens, shape.depth) or len(nodes) - 1 >= shape.budget:
-                break
-            for node_id in frontier:
-                self._expand(nodes, node_id)
-        return Speculation([n.token for n in nodes[1:]], [n.parent for n in nodes[1:]])
-
-    def _expand(self, nodes: list[_Node], node_id: int) -> None:
-        node, parent = nodes[node_id], nodes[nodes[node_id].parent]
-        cache = parent.cache.clone()
-        out, logits = self.head(torch.tensor([node.token]), parent.hidden[None], cache)
-        node.hidden, node.cache = out[-1], cache
-        node.logprobs = torch.log_softmax(logits[-1].float(), dim=-1).cpu()
+    def _trees(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        """Token trees: catch-up per sequence, then one head forward per depth for every tree's frontier."""
+        trees, caches = [], []
+        for r in requests:
+            state, hidden, logprobs = self._catch_up(r)
+            depth_limit = min(r.num_tokens, r.tree.depth) if r.tree is not None else 0
+            trees.append(TokenTree(r.tree, depth_limit, state.cache.length, hidden, logprobs))
+            caches.append(state.cache)
+        growing = list(range(len(trees)))
+        while growing := [i for i in growing if trees[i].grow(self.head.to_target_ids)]:
+            ids, hidden, positions, masks = (list(x) for x in zip(*(trees[i].inputs() for i in growing), strict=True))
+            outs, logits = self.head.forward_many(ids, hidden, positions, masks, [caches[i] for i in growing])
+            for i, out, rows in zip(growing, outs, logits, strict=True):
+                trees[i].expanded(out, torch.log_softmax(rows.float(), dim=-1).cpu())
+        return [t.speculation() for t in trees]
