@@ -22,7 +22,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                    help="address the gateway listens on (0.0.0.0 inside a container); model services stay on localhost")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
-    s.add_argument("--k", type=int, default=4, help="lookahead K")
+    s.add_argument("--k", type=int, default=4, help="lookahead K (a token tree's depth)")
+    s.add_argument("--tree-budget", type=int, default=0,
+                   help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains)")
     s.add_argument("--default-mode", default="sd", choices=["ar", "sd", "ssd"],
                    help="mode of requests that name none (ssd: the draft answers from its speculation cache; "
                         "needs a neural --draft, an n-gram draft serves it as sd)")
@@ -36,7 +38,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     config = StackConfig(model=args.model, draft=None if args.draft == "none" else args.draft, dtype=args.dtype,
                          device=args.device, num_targets=args.targets, host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
-                         default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
+                         tree_budget=args.tree_budget, default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

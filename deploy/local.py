@@ -36,7 +36,8 @@ class StackConfig:
     host: str = "127.0.0.1"  # where the gateway listens (0.0.0.0 in a container); the model services stay local
     http_port: int = 8000
     grpc_port: int = 50050
-    k: int = 4  # lookahead K
+    k: int = 4  # lookahead K (a token tree's depth)
+    tree_budget: int = 0  # sd requests speculate token trees of this many nodes; 0 = chains
     default_mode: str = "sd"
     api_key: str | None = None  # None = auth disabled (local use)
     log_dir: Path | None = None  # service logs; None = inherit stderr
@@ -104,7 +105,7 @@ def start_target(stack: Stack, index: int, core: int | None) -> Child:
     address = f"127.0.0.1:{free_port()}"
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
-            "--default-mode", c.default_mode,
+            "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
             "--draft-timeout-s", str(c.draft_timeout_s)]
     if stack.draft_address:
         args += ["--draft-address", stack.draft_address]

@@ -16,6 +16,7 @@ from ssd.engine.llm_engine import LLMEngine
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
 from ssd.spec.config import SpeculationConfig
+from ssd.spec.proposer import TreeShape
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
@@ -30,8 +31,10 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads)
     if config.draft_address is None:
         return LLMEngine(engine_config), None
-    spec_config = SpeculationConfig(draft="remote", num_speculative_tokens=config.num_speculative_tokens,
-                                    k_schedule=((config.max_num_seqs, config.num_speculative_tokens),))
+    k = config.num_speculative_tokens
+    tree = TreeShape(budget=config.tree_budget, depth=k, top_k=config.tree_top_k) if config.tree_budget else None
+    spec_config = SpeculationConfig(draft="remote", num_speculative_tokens=k, tree=tree,
+                                    k_schedule=((config.max_num_seqs, k),))
     vocab_size = load_model_config(resolve_model(config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
     if feature_layers is None:

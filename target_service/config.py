@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
+from ssd.spec.proposer import MAX_TREE_BUDGET
 
 MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
 
@@ -23,7 +24,9 @@ class TargetServiceConfig:
     max_num_seqs: int = 16
     max_model_len: int | None = None
     draft_address: str | None = None  # the draft service; None = no speculation (every request ar)
-    num_speculative_tokens: int = 4  # lookahead K
+    num_speculative_tokens: int = 4  # lookahead K (a tree's depth)
+    tree_budget: int = 0  # sd requests: draft nodes per token tree; 0 = chains (ssd requests always speculate chains)
+    tree_top_k: int = 2  # children tried per expanded tree node
     default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" | "ssd" (sd and ssd need a draft)
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
@@ -43,6 +46,9 @@ class TargetServiceConfig:
             raise InvalidRequestError(f"default mode must be one of {MODES}, got {self.default_mode!r}")
         if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0 or self.num_threads < 1:
             raise InvalidRequestError("draft timeouts must be > 0 and threads >= 1")
+        if not 0 <= self.tree_budget <= MAX_TREE_BUDGET or self.tree_top_k < 1:
+            raise InvalidRequestError(f"tree budget must be in [0, {MAX_TREE_BUDGET}] (0 = chains) and tree top-k "
+                                      f">= 1, got {self.tree_budget} / {self.tree_top_k}")
         if self.draft_feature_layers is not None and any(layer < 0 for layer in self.draft_feature_layers):
             raise InvalidRequestError(f"feature layers must be >= 0, got {self.draft_feature_layers}")
 
@@ -75,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--draft-address", default=env.get("SSD_DRAFT_ADDRESS") or None,
                    help="host:port of the draft service; omit for ar only")
-    p.add_argument("--k", type=int, default=4, help="lookahead K")
+    p.add_argument("--k", type=int, default=4, help="lookahead K (a token tree's depth)")
+    p.add_argument("--tree-budget", type=int, default=int(env.get("SSD_TARGET_TREE_BUDGET", "0")),
+                   help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains)")
+    p.add_argument("--tree-topk", type=int, default=2, help="children tried per expanded tree node")
     p.add_argument("--default-mode", default=env.get("SSD_TARGET_DEFAULT_MODE", "sd"), choices=MODES,
                    help="mode of requests that name none (sd and ssd need --draft-address)")
     p.add_argument("--draft-timeout-s", type=float, default=5.0)
@@ -97,5 +106,6 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         num_threads=a.threads,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
+        tree_budget=a.tree_budget, tree_top_k=a.tree_topk,
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
         draft_info_timeout_s=a.draft_info_timeout_s, tensor_transport=a.tensor_transport, log_level=a.log_level, log_json=not a.log_text)

@@ -43,7 +43,8 @@ class TokenTree:
         self.depth += 1
         cand = []  # (score, parent, draft id)
         for node_id in self.frontier:
-            top = torch.topk(self.nodes[node_id].logprobs, self.shape.top_k)
+            logprobs = self.nodes[node_id].logprobs
+            top = torch.topk(logprobs, min(self.shape.top_k, logprobs.numel()))
             score = self.nodes[node_id].score
             cand.extend((score + v, node_id, t) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True))
         cand.sort(key=lambda c: -c[0])

@@ -14,6 +14,8 @@ from ssd.errors import InvalidRequestError
 from ssd.spec.saguaro import SaguaroScale
 from ssd.spec.speculation import Speculation
 
+MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
+
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -26,6 +28,8 @@ class TreeShape:
     def __post_init__(self) -> None:
         if self.budget < 1 or self.depth < 1 or self.top_k < 1:
             raise InvalidRequestError(f"tree budget, depth and top-k must be >= 1, got {self}")
+        if self.budget > MAX_TREE_BUDGET:
+            raise InvalidRequestError(f"tree budget must be <= {MAX_TREE_BUDGET}, got {self.budget}")
 
 
 @dataclass(frozen=True)

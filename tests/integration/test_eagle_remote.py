@@ -102,3 +102,33 @@ def test_per_request_speculation_stats_equal_in_process_eagle(folders, services)
         _, last = generate(services[0], prompt)
         assert (last.spec.num_draft_tokens, last.spec.num_accepted_tokens) == (
             local["num_draft_tokens"], local["num_accepted_tokens"])
+
+
+def test_target_service_speculates_token_trees(folders, tmp_path):
+    """`ssd serve --tree-budget 8`: sd requests verify 8-node trees drafted by the remote head; still AR's output."""
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+
+    target, head = folders
+    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, tree_budget=8,
+                         http_port=free_port(), grpc_port=free_port(), log_dir=tmp_path)
+    stack = start_stack(config, timeout_s=180)
+    try:
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            results = list(pool.map(lambda p: generate(stack.target_addresses[0], p), PROMPTS))
+    finally:
+        stop_stack(stack)
+    ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    assert [tokens for tokens, _ in results] == [ar.generate([p], params)[0].token_ids for p in PROMPTS]
+    rounds = sum(last.spec.num_drafts for _, last in results)
+    assert sum(last.spec.num_draft_tokens for _, last in results) > 3 * rounds  # more nodes than a K=3 chain
+
+
+def test_target_tree_flags_are_checked():
+    from ssd.errors import InvalidRequestError
+    from target_service.config import TargetServiceConfig, parse_args
+
+    assert parse_args(["--tree-budget", "16", "--tree-topk", "3"]).tree_budget == 16
+    with pytest.raises(InvalidRequestError, match="tree budget"):
+        TargetServiceConfig(tree_budget=-1)

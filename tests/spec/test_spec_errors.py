@@ -15,7 +15,7 @@ def test_bad_lookahead(k):
         SpeculationConfig(draft="ngram", num_speculative_tokens=k)
 
 
-@pytest.mark.parametrize("kwargs", [dict(budget=0), dict(depth=0), dict(top_k=0)])
+@pytest.mark.parametrize("kwargs", [dict(budget=0), dict(depth=0), dict(top_k=0), dict(budget=129)])
 def test_bad_tree(kwargs):
     with pytest.raises(InvalidRequestError, match="tree"):
         TreeShape(**kwargs)
