@@ -44,11 +44,11 @@ def segments() -> set[str]:
     return {p.name for p in SHM_DIR.glob("ssd-*")}
 
 
-def generate(address: str, prompt: list[int]) -> tuple[list[int], target_pb2.VerifierGenerateResponse]:
+def generate(address: str, prompt: list[int],
+             mode: int = common_pb2.SPECULATION_MODE_SD) -> tuple[list[int], target_pb2.VerifierGenerateResponse]:
     """All tokens of one greedy request, and its last message (finish reason, speculation stats)."""
     params = common_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    request = target_pb2.VerifierGenerateRequest(prompt_token_ids=prompt, params=params,
-                                                 mode=common_pb2.SPECULATION_MODE_SD)
+    request = target_pb2.VerifierGenerateRequest(prompt_token_ids=prompt, params=params, mode=mode)
     tokens, last = [], None
     with grpc.insecure_channel(address) as channel:
         for last in target_pb2_grpc.VerifierStub(channel).Generate(request, timeout=120):
@@ -105,7 +105,8 @@ def test_per_request_speculation_stats_equal_in_process_eagle(folders, services)
 
 
 def test_target_service_speculates_token_trees(folders, tmp_path):
-    """`ssd serve --tree-budget 8`: sd requests verify 8-node trees drafted by the remote head; still AR's output."""
+    """`ssd serve --tree-budget 8`: sd requests verify 8-node trees drafted by the remote head, ssd requests in the
+    same batches keep chains; both give AR's output."""
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
@@ -113,16 +114,22 @@ def test_target_service_speculates_token_trees(folders, tmp_path):
     config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, tree_budget=8,
                          http_port=free_port(), grpc_port=free_port(), log_dir=tmp_path)
     stack = start_stack(config, timeout_s=180)
+    modes = [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD]
     try:
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            results = list(pool.map(lambda p: generate(stack.target_addresses[0], p), PROMPTS))
+        with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
+            sd, ssd = ([pool.submit(generate, stack.target_addresses[0], p, mode) for p in PROMPTS] for mode in modes)
+            sd, ssd = [f.result() for f in sd], [f.result() for f in ssd]
     finally:
         stop_stack(stack)
     ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    assert [tokens for tokens, _ in results] == [ar.generate([p], params)[0].token_ids for p in PROMPTS]
-    rounds = sum(last.spec.num_drafts for _, last in results)
-    assert sum(last.spec.num_draft_tokens for _, last in results) > 3 * rounds  # more nodes than a K=3 chain
+    expected = [ar.generate([p], params)[0].token_ids for p in PROMPTS]
+    assert [tokens for tokens, _ in sd] == expected
+    assert [tokens for tokens, _ in ssd] == expected
+    rounds = sum(last.spec.num_drafts for _, last in sd)
+    assert sum(last.spec.num_draft_tokens for _, last in sd) > 3 * rounds  # more nodes than a K=3 chain
+    assert sum(last.spec.num_draft_tokens for _, last in ssd) <= 3 * sum(last.spec.num_drafts for _, last in ssd)
+    assert sum(last.spec.num_cache_hits + last.spec.num_cache_misses for _, last in ssd) > 0
 
 
 def test_target_tree_flags_are_checked():
