@@ -3,7 +3,8 @@
 Selection is EAGLE-2 style: the children tried at a depth are the top-k of every frontier node, and the best
 of them by cumulative draft log-probability fill what is left of the node budget. Expanding a depth appends
 its nodes' keys to the sequence's head cache after the rows already there (scratch: the next catch-up
-truncates them); a node attends to the real positions, its expanded ancestors and itself.
+truncates them); a node attends to the real positions, its expanded ancestors and itself. Every depth is
+expanded whole, so node i (1-based) sits at cache row prefix + i - 1.
 """
 
 from collections.abc import Callable
@@ -22,7 +23,6 @@ class _Node:
     score: float  # cumulative draft log-probability
     hidden: torch.Tensor | None = None  # [d] the head's out_hidden at this node, once expanded
     logprobs: torch.Tensor | None = None  # [draft_vocab] next-token log-probs after this node (CPU), once expanded
-    slot: int = -1  # the node's row in the head cache, once expanded (the root has none)
 
 
 class TokenTree:
@@ -33,7 +33,6 @@ class TokenTree:
         self.nodes = [_Node(-1, -1, 0.0, hidden, logprobs)]
         self.frontier = [0]
         self.depth = 0
-        self.rows = prefix  # head cache rows in use
 
     def grow(self, to_target_ids: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         """Add the next depth's nodes; True when they are to be expanded (another depth may follow).
@@ -58,16 +57,11 @@ class TokenTree:
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The frontier's head inputs: (token ids [n], parent out_hidden [n, d], positions [n],
-        mask [n, rows + n] bool, True = may attend)."""
+        mask [n, prefix + nodes] bool, True = may attend)."""
         n = len(self.frontier)
-        mask = torch.zeros(n, self.rows + n, dtype=torch.bool)
-        mask[:, : self.prefix] = True
-        for i, node_id in enumerate(self.frontier):
-            mask[i, self.rows + i] = True
-            parent = self.nodes[node_id].parent
-            while parent > 0:  # the expanded ancestors (the root's context is the prefix)
-                mask[i, self.nodes[parent].slot] = True
-                parent = self.nodes[parent].parent
+        ancestors = self.speculation().ancestor_mask()[1:, 1:]  # [nodes, nodes]: itself and its ancestors
+        frontier_rows = torch.tensor(self.frontier) - 1  # [n]
+        mask = torch.cat([torch.ones(n, self.prefix, dtype=torch.bool), ancestors[frontier_rows]], dim=1)
         ids = torch.tensor([self.nodes[i].token for i in self.frontier])
         hidden = torch.stack([self.nodes[self.nodes[i].parent].hidden for i in self.frontier])
         positions = torch.full((n,), self.prefix + self.depth - 1)  # depth 1 follows the last real position
@@ -76,9 +70,7 @@ class TokenTree:
     def expanded(self, hidden: torch.Tensor, logprobs: torch.Tensor) -> None:
         """The frontier's head outputs: out_hidden [n, d], next-token log-probs [n, Vd] (CPU)."""
         for i, node_id in enumerate(self.frontier):
-            node = self.nodes[node_id]
-            node.hidden, node.logprobs, node.slot = hidden[i], logprobs[i], self.rows + i
-        self.rows += len(self.frontier)
+            self.nodes[node_id].hidden, self.nodes[node_id].logprobs = hidden[i], logprobs[i]
 
     def speculation(self) -> Speculation:
         return Speculation([n.token for n in self.nodes[1:]], [n.parent for n in self.nodes[1:]])

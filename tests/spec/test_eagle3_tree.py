@@ -6,6 +6,7 @@ import torch
 
 from ssd.model_config import load_model_config
 from ssd.spec.eagle3_proposer import Eagle3Proposer
+from ssd.spec.eagle3_tree import TokenTree
 from ssd.spec.proposer import ProposeRequest, TreeShape
 from tests.spec.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
@@ -32,7 +33,8 @@ def _request(seq_id: int, prompt: list[int], features: torch.Tensor, shape: Tree
 
 @torch.no_grad()
 def _reference(head, prompt, features, shape, k):  # noqa: ANN001, ANN202
-    """EAGLE-2 selection; every expanded node runs the head over the real positions and its own path only."""
+    """EAGLE-2 selection; every expanded node runs the head over the real positions and its own path only.
+    -> (tokens, parents, scores, {path of an expanded node: its next-token log-probs [Vd]})."""
     fused = head.fuse(features)
 
     def run(path: list[int]) -> torch.Tensor:  # the next-token log-probs after `path` [Vd]
@@ -61,21 +63,35 @@ def _reference(head, prompt, features, shape, k):  # noqa: ANN001, ANN202
             break
         for i in frontier:
             logprobs[i] = run(nodes[i][3])
-    return [n[0] for n in nodes[1:]], [n[1] for n in nodes[1:]], [n[2] for n in nodes[1:]]
+    expanded = {tuple(nodes[i][3]): lp for i, lp in logprobs.items() if i > 0}
+    return [n[0] for n in nodes[1:]], [n[1] for n in nodes[1:]], [n[2] for n in nodes[1:]], expanded
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"b{s.budget}-d{s.depth}-k{s.top_k}")
-def test_batched_trees_equal_per_node_reference(proposer_parts, shape):
+def test_batched_trees_equal_per_node_reference(proposer_parts, shape, monkeypatch):
     head_dir, embedding, config, features = proposer_parts
     proposer = Eagle3Proposer(head_dir, embedding, config, "float32")
     k = 4
+    seen: list[dict[tuple[int, ...], torch.Tensor]] = [{} for _ in PROMPTS]  # per tree: path -> log-probs [Vd]
+    record = TokenTree.expanded
+
+    def expanded(tree, hidden, logprobs):  # noqa: ANN001, ANN202
+        paths = tree.speculation().paths()
+        which = next(i for i, p in enumerate(PROMPTS) if tree.prefix == len(p) - 1)
+        seen[which].update({tuple(paths[node]): row for node, row in zip(tree.frontier, logprobs, strict=True)})
+        record(tree, hidden, logprobs)
+
+    monkeypatch.setattr(TokenTree, "expanded", expanded)
     requests = [_request(i, p, f, shape, k) for i, (p, f) in enumerate(zip(PROMPTS, features, strict=True))]
     specs = proposer.propose(requests)
-    for spec, prompt, feats in zip(specs, PROMPTS, features, strict=True):
-        tokens, parents, _ = _reference(proposer.head, prompt, feats, shape, k)
+    for spec, prompt, feats, logprobs in zip(specs, PROMPTS, features, seen, strict=True):
+        tokens, parents, _, expected = _reference(proposer.head, prompt, feats, shape, k)
         assert spec.tokens == tokens
         assert spec.parents == parents
         assert len(spec.tokens) <= shape.budget
+        assert logprobs.keys() == expected.keys()
+        for path, row in expected.items():  # every expanded node saw exactly its own ancestors
+            assert torch.allclose(logprobs[path], row, atol=1e-4), path
 
 
 def test_tree_and_chain_requests_share_a_round(proposer_parts):
@@ -87,7 +103,7 @@ def test_tree_and_chain_requests_share_a_round(proposer_parts):
                 ProposeRequest(1, PROMPTS[1], 3, 0.0, torch.Generator(), None, features[1], 0)]
     first = proposer.propose(requests)
     again = proposer.propose([_request(0, PROMPTS[0], None, shape, 3), requests[1]])
-    tokens, parents, _ = _reference(proposer.head, PROMPTS[0], features[0], shape, 3)
+    tokens, parents, _, _ = _reference(proposer.head, PROMPTS[0], features[0], shape, 3)
     assert (first[0].tokens, first[0].parents) == (tokens, parents)
     assert first[1].parents is None and len(first[1].tokens) == 3
     assert [(s.tokens, s.parents) for s in again] == [(s.tokens, s.parents) for s in first]
