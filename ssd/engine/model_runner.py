@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ssd.context import ForwardContext, ForwardMode, forward_context
+from ssd.layers.attention import bucketed
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,14 @@ class ModelRunner:
         """The forward context plus input ids [T] and positions [T]."""
         lengths = [len(it.token_ids) for it in items]
         totals = [it.start_position + n for it, n in zip(items, lengths, strict=True)]
-        num_q, num_s = max(lengths), max(totals)
+        num_q, num_s = max(lengths), bucketed(max(totals))  # keys padded to a bucket (see KEY_BUCKET)
         uniform = len(set(lengths)) == 1  # tokens already form [B, Q]: no padding gather needed
         ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
         query_index = torch.zeros(len(items), num_q, dtype=torch.long)
         kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
-        # one plain decode token sees every key: no mask (an explicit mask, e.g. an SSD branch, still applies)
-        needs_mask = not (len(items) == 1 and num_q == 1 and items[0].attn_mask is None)
+        # one plain decode token that fills its key bucket sees every key: no mask (an explicit mask, e.g. an
+        # SSD branch, still applies)
+        needs_mask = not (len(items) == 1 and num_q == 1 and items[0].attn_mask is None and totals[0] == num_s)
         mask = torch.zeros(len(items), num_q, num_s, dtype=torch.bool)
         mask[:, :, 0] = True  # padding queries look at key 0 so softmax stays finite
         offset = 0

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.errors import CheckpointError
-from ssd.layers.attention import MAX_MATMUL_QUERIES, head_major_attention
+from ssd.layers.attention import MAX_MATMUL_QUERIES, bucketed, head_major_attention
 from ssd.layers.linear import onednn_pack, packed_linear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
@@ -126,10 +126,12 @@ class Eagle3Config:
 
 
 class HeadKVCache:
-    """Dense KV of one sequence for the head's one layer. Rollback is `truncate(n)`: set the length, copy nothing."""
+    """Dense KV of one sequence for the head's one layer. Rollback is `truncate(n)`: set the length, copy nothing.
+    Capacity stays a multiple of KEY_BUCKET, so attention can read a whole bucket of keys (`bucket_kv`)."""
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
                  capacity: int = 256, device: torch.device | None = None) -> None:
+        capacity = bucketed(max(capacity, 1))
         self.k = torch.zeros(capacity, num_kv_heads, head_dim, dtype=dtype, device=device)  # [max_len, KVH, D]
         self.v = torch.zeros_like(self.k)  # [max_len, KVH, D]
         self.length = 0
@@ -137,7 +139,7 @@ class HeadKVCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:  # [n, KVH, D] each
         end = self.length + k.shape[0]
         if end > self.k.shape[0]:
-            capacity = max(end, 2 * self.k.shape[0])
+            capacity = bucketed(max(end, 2 * self.k.shape[0]))
             self.k = torch.cat([self.k, self.k.new_zeros(capacity - self.k.shape[0], *self.k.shape[1:])])
             self.v = torch.cat([self.v, self.v.new_zeros(capacity - self.v.shape[0], *self.v.shape[1:])])
         self.k[self.length : end] = k
@@ -147,9 +149,15 @@ class HeadKVCache:
     def clone(self, spare: int = 8) -> "HeadKVCache":
         """An independent copy of the first `length` positions (plus `spare` free rows), e.g. to fork a tree branch."""
         other = HeadKVCache.__new__(HeadKVCache)
-        end = min(self.k.shape[0], self.length + spare)
+        end = min(self.k.shape[0], bucketed(self.length + spare))
         other.k, other.v, other.length = self.k[:end].clone(), self.v[:end].clone(), self.length
         return other
+
+    def bucket_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [S, KVH, D] over the first S = bucketed(length) rows: rows past `length` are zeros or stale scratch
+        that the caller's attention mask must hide."""
+        n = bucketed(self.length)
+        return self.k[:n], self.v[:n]
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -288,9 +296,9 @@ class Eagle3Head(nn.Module):
         emb = self.embed_tokens(input_ids).to(hidden.dtype)[None]  # [1, n, d]
         q, k, v = self.midlayer.qkv(emb, hidden[None], positions)
         cache.append(k[0], v[0])
-        keys = torch.arange(cache.length, device=input_ids.device)  # [S]
-        mask = (keys[None, :] <= positions[:, None])[None, None]  # [1, 1, n, S]
-        attn = attend(q, cache.k[None, : cache.length], cache.v[None, : cache.length], mask)  # [1, n, H*D]
+        keys, values = cache.bucket_kv()  # [S, KVH, D] each, S >= cache.length
+        mask = (torch.arange(len(keys), device=input_ids.device)[None, :] <= positions[:, None])[None, None]
+        attn = attend(q, keys[None], values[None], mask)  # [1, n, H*D]; mask [1, 1, n, S] hides the padding
         out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
         return out, self.logits(out)
 
@@ -315,8 +323,10 @@ class Eagle3Head(nn.Module):
         for qi, ki, vi, mask, cache in zip(q[0].split(sizes), k[0].split(sizes), v[0].split(sizes), masks, caches,
                                            strict=True):
             cache.append(ki, vi)
-            keys, values = cache.k[None, : cache.length], cache.v[None, : cache.length]  # [1, S, KVH, D]
-            attn.append(attend(qi[None], keys, values, mask.to(self.device)[None, None])[0])  # [n_i, H*D]
+            keys, values = cache.bucket_kv()  # [S, KVH, D] each, S >= cache.length
+            padded = torch.zeros(len(qi), len(keys), dtype=torch.bool, device=self.device)  # [n_i, S]
+            padded[:, : mask.shape[1]] = mask.to(self.device)
+            attn.append(attend(qi[None], keys[None], values[None], padded[None, None])[0])  # [n_i, H*D]
         out = self.midlayer.finish(torch.cat(attn)[None], all_hidden)[0]  # [N, d]
         return list(out.split(sizes)), list(self.logits(out).split(sizes))
 

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ssd.errors import CheckpointError
+from ssd.layers.attention import KEY_BUCKET
 from ssd.loader.eagle3_checkpoint import load_eagle3_head, save_eagle3_head
 from ssd.model_config import RopeConfig
 from ssd.models.eagle3 import Eagle3Config, Eagle3Head, HeadKVCache, default_aux_layers
@@ -59,6 +60,27 @@ def test_truncate_rolls_back():
         cache.truncate(4)
         _, again = head(ids[4:], hidden[4:], cache)
     assert torch.equal(first, again)
+
+
+def test_rows_past_the_length_are_masked_out():
+    """Attention reads whole key buckets; rows past the cache length (zeros, or scratch of earlier drafts)
+    must not count, in the causal forward and in the masked many-sequence forward."""
+    head = tiny_head()
+    ids, hidden = torch.randint(0, 96, (7,)), torch.randn(7, 32)
+    with torch.no_grad():
+        clean, dirty = head.new_cache(), head.new_cache(capacity=3)
+        assert dirty.k.shape[0] == KEY_BUCKET  # capacity rounds up to whole buckets
+        dirty.k.normal_(0, 100.0)
+        dirty.v.normal_(0, 100.0)  # garbage in every row the sequence has not written
+        _, expected = head(ids[:5], hidden[:5], clean)
+        _, got = head(ids[:5], hidden[:5], dirty)
+        torch.testing.assert_close(got, expected)
+        assert len(dirty.bucket_kv()[0]) == KEY_BUCKET > dirty.length
+        mask = torch.tensor([[True] * 5 + [True, False], [True] * 5 + [False, True]])  # two siblings
+        args = ([ids[5:]], [hidden[5:]], [torch.tensor([5, 5])], [mask])
+        _, (expected_many,) = head.forward_many(*args, [clean])
+        _, (got_many,) = head.forward_many(*args, [dirty])
+    torch.testing.assert_close(got_many, expected_many)
 
 
 def test_clone_is_independent():
