@@ -84,7 +84,7 @@ class SsdCounters:
 class _Pending:
     request: ProposeRequest
     spec: Speculation
-    features_used: bool  # the backup already consumed the request's features
+    features_used: bool  # this sequence's backup already consumed the request's features
 
 
 @dataclass
@@ -164,7 +164,7 @@ class SsdSpeculator:
             out[r.seq_id] = Speculation(cached.tokens[:n], None, cached.q[:n] if cached.q is not None else None,
                                         cache_hit=True, predicted_hit=predicted)
         lookup = time.perf_counter() - started
-        used_features = self._backup(misses, config, len(requests), out)
+        consumed = self._backup(misses, config, len(requests), out)  # seq ids whose features a backup used
         self.counters.num_hits += len(requests) - len(misses)
         self.counters.num_misses += len(misses)
         self.counters.last_lookup_s, self.counters.last_backup_s = lookup, time.perf_counter() - started - lookup
@@ -177,15 +177,16 @@ class SsdSpeculator:
             state = self.seqs[r.seq_id]
             state.committed_len, state.last_tokens, state.last_hit = len(r.token_ids), list(spec.tokens), bool(spec.cache_hit)
             state.cache, state.guesses, state.predicted_hit = {}, [], None
-            job.pending.append(_Pending(r, spec, used_features))
+            job.pending.append(_Pending(r, spec, r.seq_id in consumed))
             specs.append(spec)
         return specs, job
 
     def _backup(self, misses: list[ProposeRequest], config: SsdConfig, batch_size: int,
-                out: dict[int, Speculation]) -> bool:
-        """Speculations for the sequences that missed; returns whether their features were consumed."""
+                out: dict[int, Speculation]) -> set[int]:
+        """Speculations for the sequences that missed; returns the ids whose features the backup consumed
+        (a neural backup catches the head up on them; the sequences that hit keep theirs for the glue)."""
         if not misses:
-            return False
+            return set()
         kind = config.backup_for(batch_size)
         if config.saguaro_c < 1.0:  # sample the backup Saguaro-style too, for the miss shape it will be built with
             tops = tuple(f + 1 for f in self.shape(False, max(r.num_tokens for r in misses), config))
@@ -198,7 +199,7 @@ class SsdSpeculator:
         for r, spec in zip(misses, proposer.propose(misses), strict=True):
             predicted = self.seqs[r.seq_id].predicted_hit
             out[r.seq_id] = Speculation(spec.tokens, None, spec.q, cache_hit=False, predicted_hit=predicted)
-        return kind == "neural"
+        return {r.seq_id for r in misses} if kind == "neural" else set()
 
     # -- building ---------------------------------------------------------------------------------
     def shape(self, after_hit: bool, k: int, config: SsdConfig | None = None) -> tuple[int, ...]:
