@@ -23,8 +23,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
     s.add_argument("--k", type=int, default=4, help="lookahead K (a token tree's depth)")
-    s.add_argument("--tree-budget", type=int, default=0,
-                   help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains)")
+    s.add_argument("--tree-budget", type=int, default=None,
+                   help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains); "
+                        "default 8 with a neural draft, chains with n-gram lookup")
     s.add_argument("--default-mode", default="sd", choices=["ar", "sd", "ssd"],
                    help="mode of requests that name none (ssd: the draft answers from its speculation cache; "
                         "needs a neural --draft, an n-gram draft serves it as sd)")
@@ -33,12 +34,21 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_serve)
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from deploy.local import StackConfig, start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
+def stack_config(args: argparse.Namespace):  # noqa: ANN201 - deploy.local imports grpc: only when serving
+    """The StackConfig `ssd serve` flags describe (a neural draft's sd requests get 8-node trees by default)."""
+    from deploy.local import StackConfig, default_tree_budget  # noqa: PLC0415 - grpc only for this command
 
-    config = StackConfig(model=args.model, draft=None if args.draft == "none" else args.draft, dtype=args.dtype,
-                         device=args.device, num_targets=args.targets, host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k,
-                         tree_budget=args.tree_budget, default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
+    draft = None if args.draft == "none" else args.draft
+    tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
+    return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
+                       host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
+                       default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from deploy.local import start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
+
+    config = stack_config(args)
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

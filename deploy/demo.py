@@ -1,7 +1,8 @@
 """`make demo`: start the stack, send real prompts through the official openai client (streaming and not)
 in ar, sd and (with a neural draft) ssd modes, print the answers and tokens/s per mode, and shut the stack down.
 
-`make demo DRAFT=<draft checkpoint or EAGLE-3 head>` picks the draft (default: n-gram lookup, ar and sd only).
+`make demo DRAFT=<draft checkpoint or EAGLE-3 head>` picks the draft (default: the shipped EAGLE-3 head, whose sd
+requests speculate 8-node token trees; `DRAFT=ngram`: n-gram lookup, ar and sd chains only).
 """
 
 import argparse
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from deploy.local import StackConfig, free_port, start_stack, stop_stack
+from deploy.local import StackConfig, default_tree_budget, free_port, start_stack, stop_stack
 from ssd.model_store import DEFAULT_DRAFT
 
 PROMPTS = [
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path("out/demo-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     config = StackConfig(model="smollm2-135m-instruct", draft=args.draft, dtype="bfloat16",
-                         http_port=free_port(), grpc_port=free_port(), log_dir=log_dir)
+                         tree_budget=default_tree_budget(args.draft), http_port=free_port(), grpc_port=free_port(),
+                         log_dir=log_dir)
     modes = modes_for(args.draft)
     _print(f"starting draft ({args.draft}), target and gateway (logs in {log_dir}/); modes {', '.join(modes)} ...\n")
     stack = start_stack(config)

@@ -20,6 +20,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 log = structlog.get_logger(__name__)
 
 
+NEURAL_TREE_BUDGET = 8  # sd's fastest shape measured with the shipped EAGLE-3 head (docs/benchmarks.md)
+
+
+def default_tree_budget(draft: str | None) -> int:
+    """Token trees of NEURAL_TREE_BUDGET nodes for a neural draft's sd requests; chains for n-gram lookup
+    (its trees were never measured faster) and without a draft."""
+    return 0 if draft in (None, "ngram") else NEURAL_TREE_BUDGET
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -37,7 +46,7 @@ class StackConfig:
     http_port: int = 8000
     grpc_port: int = 50050
     k: int = 4  # lookahead K (a token tree's depth)
-    tree_budget: int = 0  # sd requests speculate token trees of this many nodes; 0 = chains
+    tree_budget: int = 0  # sd requests speculate token trees of this many nodes; 0 = chains (see default_tree_budget)
     default_mode: str = "sd"
     api_key: str | None = None  # None = auth disabled (local use)
     log_dir: Path | None = None  # service logs; None = inherit stderr

@@ -14,7 +14,8 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
                         "or an EAGLE-3 head folder")
     p.add_argument("--k", type=int, default=4, help="lookahead K: draft tokens per round (tree: its depth)")
     p.add_argument("--tree", action="store_true", help="token-tree speculation instead of a chain")
-    p.add_argument("--tree-budget", type=int, default=16, help="draft nodes per tree")
+    p.add_argument("--tree-budget", type=int, default=8,
+                   help="draft nodes per tree (8: the fastest SD shape measured with the shipped head)")
     p.add_argument("--tree-topk", type=int, default=2, help="children tried per expanded tree node")
     p.add_argument("--dtemp", type=float, default=None, help="draft sampling temperature (default: the target's)")
     g = p.add_argument_group("ssd (speculative speculative decoding)")
