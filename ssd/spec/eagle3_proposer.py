@@ -71,6 +71,10 @@ class Eagle3Proposer:
             fused = torch.empty(0, head.config.hidden_size, dtype=head.fc.weight.dtype, device=head.device)
             state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), fused)
         if r.features is not None:  # [n, F], on CPU or on a device: the head's device from here
+            if r.features_start > len(state.fused):  # fused row i must be position i's: a gap would shift them all
+                raise InvalidRequestError(
+                    f"sequence {r.seq_id}: target features start at position {r.features_start}, but the head holds "
+                    f"features of positions 0..{len(state.fused) - 1} only; positions in between are missing")
             start, feats = r.features_start, head.fuse(r.features.to(head.device, head.fc.weight.dtype))
             state.fused = torch.cat([state.fused[:start], feats])
             state.num_real = min(state.num_real, start)

@@ -87,3 +87,24 @@ def test_eagle3_sd_runs_in_bfloat16(folders):
     out = llm.generate([PROMPTS[0]], PARAMS)[0]
     assert len(out.token_ids) == PARAMS.max_tokens
     assert llm.engine.spec.counters.num_draft_tokens > 0
+
+
+def test_features_with_a_gap_are_refused(folders):
+    """Fused row i must hold position i's features: a request whose features start past the rows the head holds
+    would shift every later row (drafting garbage, silently); it is an error naming the missing positions."""
+    from ssd.errors import InvalidRequestError
+    from ssd.spec.eagle3_proposer import Eagle3Proposer
+    from ssd.spec.proposer import ProposeRequest
+
+    target, head = folders
+    tc = load_model_config(target)
+    proposer = Eagle3Proposer(head, torch.randn(tc.vocab_size, tc.hidden_size), tc, "float32")
+    width = 3 * tc.hidden_size
+
+    def request(tokens: list[int], start: int, n: int) -> ProposeRequest:
+        return ProposeRequest(1, tokens, 2, 0.0, torch.Generator(), None, torch.randn(n, width), start)
+
+    proposer.propose([request(PROMPTS[0], 0, len(PROMPTS[0]) - 1)])  # positions 0..8
+    with pytest.raises(InvalidRequestError, match=r"start at position 11.*0\.\.8 only"):
+        proposer.propose([request(PROMPTS[0] + [1, 2, 3], 11, 1)])  # positions 9 and 10 never came
+    proposer.propose([request(PROMPTS[0] + [1, 2, 3], 9, 3)])  # the contiguous continuation still drafts
