@@ -5,8 +5,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ssd.model_store import DEFAULT_DRAFT
+
+if TYPE_CHECKING:
+    from deploy.local import StackConfig  # imports grpc: only when serving
 
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +38,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_serve)
 
 
-def stack_config(args: argparse.Namespace):  # noqa: ANN201 - deploy.local imports grpc: only when serving
+def stack_config(args: argparse.Namespace) -> "StackConfig":
     """The StackConfig `ssd serve` flags describe (a neural draft's sd requests get 8-node trees by default)."""
     from deploy.local import StackConfig, default_tree_budget  # noqa: PLC0415 - grpc only for this command
 

@@ -64,9 +64,6 @@ class ModelRunner:
         ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
         query_index = torch.zeros(len(items), num_q, dtype=torch.long)
         kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
-        # one plain decode token that fills its key bucket sees every key: no mask (an explicit mask, e.g. an
-        # SSD branch, still applies)
-        needs_mask = not (len(items) == 1 and num_q == 1 and items[0].attn_mask is None and totals[0] == num_s)
         mask = torch.zeros(len(items), num_q, num_s, dtype=torch.bool)
         mask[:, :, 0] = True  # padding queries look at key 0 so softmax stays finite
         offset = 0
@@ -77,8 +74,7 @@ class ModelRunner:
             pos = torch.tensor(it.positions) if it.positions is not None else torch.arange(it.start_position, total)
             positions.append(pos)
             ids.extend(it.token_ids)
-            if needs_mask:
-                mask[b, :n, :total] = self._item_mask(it, total)
+            mask[b, :n, :total] = self._item_mask(it, total)  # keys past `total` are bucket padding
             query_index[b, :n] = torch.arange(offset, offset + n)
             token_batch.extend([b] * n)
             token_offset.extend(range(n))
@@ -87,7 +83,7 @@ class ModelRunner:
             mode=mode,
             slot_mapping=torch.cat(slot_mapping).to(self.device),
             kv_slots=kv_slots.to(self.device),
-            attn_mask=mask.unsqueeze(1).to(self.device) if needs_mask else None,  # [B, 1, Q, S]
+            attn_mask=mask.unsqueeze(1).to(self.device),  # [B, 1, Q, S]: always, the key bucket pads every row
             query_index=None if uniform else query_index.to(self.device),
             token_batch=None if uniform else torch.tensor(token_batch, device=self.device),
             token_offset=None if uniform else torch.tensor(token_offset, device=self.device),

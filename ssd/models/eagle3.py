@@ -146,13 +146,6 @@ class HeadKVCache:
         self.v[self.length : end] = v
         self.length = end
 
-    def clone(self, spare: int = 8) -> "HeadKVCache":
-        """An independent copy of the first `length` positions (plus `spare` free rows), e.g. to fork a tree branch."""
-        other = HeadKVCache.__new__(HeadKVCache)
-        end = min(self.k.shape[0], bucketed(self.length + spare))
-        other.k, other.v, other.length = self.k[:end].clone(), self.v[:end].clone(), self.length
-        return other
-
     def bucket_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [S, KVH, D] over the first S = bucketed(length) rows: rows past `length` are zeros or stale scratch
         that the caller's attention mask must hide."""

@@ -83,19 +83,6 @@ def test_rows_past_the_length_are_masked_out():
     torch.testing.assert_close(got_many, expected_many)
 
 
-def test_clone_is_independent():
-    head = tiny_head()
-    ids, hidden = torch.randint(0, 96, (6,)), torch.randn(6, 32)
-    with torch.no_grad():
-        cache = head.new_cache(capacity=4)
-        head(ids[:4], hidden[:4], cache)
-        fork = cache.clone(spare=0)
-        _, a = head(ids[4:], hidden[4:], fork)  # grows the fork only
-        _, b = head(ids[4:], hidden[4:], cache)
-    assert cache.length == fork.length == 6
-    assert torch.equal(a, b)
-
-
 def test_padding_mask_leaves_real_positions_unchanged():
     head = tiny_head()
     ids, hidden = torch.randint(0, 96, (2, 7)), torch.randn(2, 7, 32)
