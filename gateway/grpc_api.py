@@ -28,6 +28,8 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
                                        min_tokens=req.min_tokens, stop_token_ids=req.stop_token_ids)
     if req.HasField("seed"):
         params.seed = req.seed
+    if req.HasField("grammar"):
+        params.grammar.CopyFrom(req.grammar)
     if req.HasField("logprobs"):
         params.logprobs = req.logprobs
     if req.HasField("prompt_logprobs"):

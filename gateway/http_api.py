@@ -38,6 +38,9 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
                                        stop_token_ids=body.stop_token_ids or [])
     if body.seed is not None:
         params.seed = body.seed
+    grammar = body.grammar()
+    if grammar is not None:
+        params.grammar.CopyFrom(grammar)
     if logprobs is not None:
         params.logprobs = logprobs
     return params

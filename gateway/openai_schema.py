@@ -5,11 +5,22 @@ silently gets something other than what it asked for. Other unknown fields (`use
 are ignored, as OpenAI clients send many.
 """
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.errors import InvalidRequest
+from protos.ssd.v1 import common_pb2
 
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
 MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
@@ -23,8 +34,37 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
 }
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # None: any JSON value
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON that follows a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format of type "json_schema" needs a "json_schema" field')
+        return self
+
+    def schema_text(self) -> str | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema is None:
+            return '{"type": "object"}'
+        schema = self.json_schema.json_schema
+        return json.dumps({} if schema is None else schema)
 
 
 class StreamOptions(BaseModel):
@@ -58,7 +98,9 @@ class _Sampling(BaseModel):
     functions: Any = None
     tool_choice: Any = None
     function_call: Any = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None  # structured output (json_object, json_schema)
+    guided_json: dict[str, Any] | str | None = None  # extension (vLLM): a JSON schema the answer follows
+    guided_regex: str | None = None  # extension (vLLM): a regular expression the whole answer matches
 
     @field_validator(*NEUTRAL_VALUES)
     @classmethod
@@ -78,6 +120,19 @@ class _Sampling(BaseModel):
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
         return value
+
+    def grammar(self) -> common_pb2.Grammar | None:
+        """The structured-output constraint asked for (at most one way), as the wire's Grammar."""
+        asked = {name: value for name, value in (
+            ("response_format", self.response_format.schema_text() if self.response_format else None),
+            ("guided_json", json.dumps(self.guided_json) if isinstance(self.guided_json, dict) else self.guided_json),
+            ("guided_regex", self.guided_regex)) if value is not None}
+        if len(asked) > 1:
+            raise InvalidRequest(f"ask for one structured output at most, got {' and '.join(asked)}",
+                                 param=next(iter(asked)))
+        if "guided_regex" in asked:
+            return common_pb2.Grammar(regex=asked["guided_regex"])
+        return common_pb2.Grammar(json_schema=next(iter(asked.values()))) if asked else None
 
     def token_bias(self) -> dict[int, float]:
         return {int(k): v for k, v in (self.logit_bias or {}).items()}

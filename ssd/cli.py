@@ -27,7 +27,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_tokens=args.max_tokens, seed=args.seed, draft_temperature=args.dtemp,
+        max_tokens=args.max_tokens, seed=args.seed, draft_temperature=args.dtemp, grammar=_grammar(args),
     )
     start = time.perf_counter()
     first = None
@@ -45,6 +45,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     print(f"\n\n[{tokens} tokens, first token {1000 * ((first or end) - start):.0f} ms, "
           f"decode {rate:.1f} tokens/s, {args.mode}, {args.dtype}{extra}]", file=sys.stderr)
     return 0
+
+
+def _grammar(args: argparse.Namespace):  # noqa: ANN202 (ssd.sampling.grammar.Grammar | None)
+    """--json-schema (a file, or the schema's text) or --regex, as the request's grammar."""
+    from pathlib import Path
+
+    from ssd.sampling.grammar import Grammar
+
+    if args.json_schema is not None:
+        source = args.json_schema
+        if not source.lstrip().startswith("{") and Path(source).is_file():
+            source = Path(source).read_text()
+        return Grammar("json_schema", source)
+    return Grammar("regex", args.regex) if args.regex is not None else None
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -77,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE_OR_JSON",
+                       help="structured output: the answer is JSON following this schema ('{\"type\": \"object\"}': "
+                            "any object)")
+    shape.add_argument("--regex", help="structured output: the whole answer matches this regular expression")
     g.add_argument("--mode", default="ar", choices=["ar", "sd", "ssd"],
                    help="ar: plain decoding; sd: speculative; ssd: speculative speculative (in one process here: "
                         "answer + cache build in turn, for checking; `ssd serve` / `ssd bench` overlap them)")

@@ -11,6 +11,8 @@ from grpc import aio
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from ssd.engine.llm_engine import StepOutput
 from ssd.engine.sequence import FinishReason
+from ssd.errors import InvalidRequestError
+from ssd.sampling.grammar import Grammar
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from target_service.config import TargetServiceConfig
@@ -36,6 +38,13 @@ def token_logprobs_proto(logprobs: list[TokenLogprob] | None) -> list[common_pb2
                                     top_logprobs=[v for _, v in lp.top]) for lp in logprobs or []]
 
 
+def grammar(g: common_pb2.Grammar) -> Grammar:
+    kind = g.WhichOneof("kind")
+    if kind is None:
+        raise InvalidRequestError("grammar is set but holds neither json_schema nor regex")
+    return Grammar(kind, getattr(g, kind))
+
+
 def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
     """Proto -> engine params for a resolved mode (AR, SD or SSD); the engine validates
     (InvalidRequestError -> INVALID_ARGUMENT)."""
@@ -47,7 +56,7 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         logit_bias=sorted(p.logit_bias.items()), repetition_penalty=p.repetition_penalty or 1.0, min_p=p.min_p,
-        min_tokens=p.min_tokens,
+        min_tokens=p.min_tokens, grammar=grammar(p.grammar) if p.HasField("grammar") else None,
         speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
         ssd=mode == common_pb2.SPECULATION_MODE_SSD)
 

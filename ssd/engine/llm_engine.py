@@ -21,6 +21,7 @@ from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.spec_decode import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_store import resolve_model
+from ssd.sampling.grammar import GrammarCompiler, GrammarState
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, prompt_token_logprobs, token_logprobs
 from ssd.sampling.params import SamplingParams
@@ -72,6 +73,8 @@ class LLMEngine:
         eos = eos_token_ids(mc.eos_token_ids, self.tokenizer)
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.info = EngineInfo(path, self.worker.num_blocks, max_len, eos, mc.vocab_size)
+        tokenizer_json = path / "tokenizer.json"
+        self.grammars = GrammarCompiler(tokenizer_json, mc.vocab_size, eos) if tokenizer_json.is_file() else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len))
         self.spec: SpeculativeDecoder | None = None
         if proposer is not None and config.speculation is None:
@@ -105,13 +108,22 @@ class LLMEngine:
             raise ResourceExhaustedError(
                 f"the request needs {needed} tokens of KV; the cache holds {self.block_manager.num_blocks} blocks"
             )
+        grammar = self._compile_grammar(params)
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_source))
         ending = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.info.eos_token_ids)
         seq = Sequence(next(self._ids), list(prompt_token_ids), len(prompt_token_ids), params,
-                       torch.Generator().manual_seed(seed), ending_ids=ending)  # generator on CPU: sampling runs there
+                       torch.Generator().manual_seed(seed), ending_ids=ending,  # generator on CPU: sampling runs there
+                       grammar=grammar)
         self.seqs[seq.seq_id] = seq
         self.scheduler.add(seq)
         return seq.seq_id
+
+    def _compile_grammar(self, params: SamplingParams) -> GrammarState | None:
+        if params.grammar is None:
+            return None
+        if self.grammars is None:
+            raise InvalidRequestError(f"structured output needs the model's tokenizer.json ({self.info.model_path})")
+        return self.grammars.compile(params.grammar)
 
     def abort(self, seq_id: int) -> None:
         seq = self.seqs.pop(seq_id, None)
@@ -160,7 +172,8 @@ class LLMEngine:
         raw = logits
         if any(has_adjustments(s.params) for s in batch.seqs):
             logits = torch.cat([adjust_logits(logits[b : b + 1], s.output_token_ids, [[]], s.params,
-                                              s.prompt_token_ids, s.ending_ids) for b, s in enumerate(batch.seqs)])
+                                              s.prompt_token_ids, s.ending_ids, s.grammar)
+                                for b, s in enumerate(batch.seqs)])
         tokens = sample_tokens(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         logprobs = [None if s.params.logprobs is None else token_logprobs(raw[b : b + 1], [t], s.params.logprobs)
                     for b, (s, t) in enumerate(zip(batch.seqs, tokens, strict=True))]

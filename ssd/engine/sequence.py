@@ -6,6 +6,7 @@ from enum import Enum, StrEnum
 
 import torch
 
+from ssd.sampling.grammar import GrammarState
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from ssd.spec.metrics import SpecCounters
@@ -42,6 +43,7 @@ class Sequence:
     spec_counters: SpecCounters = field(default_factory=SpecCounters)  # this request's speculation
     prompt_logprobs: list[TokenLogprob] | None = None  # set at the first prefill when params.prompt_logprobs asks
     ending_ids: frozenset[int] = frozenset()  # tokens that finish it: the stop ids, and EOS unless ignore_eos
+    grammar: GrammarState | None = None  # params.grammar compiled (structured output)
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -112,7 +112,7 @@ class SpeculativeDecoder:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""
         if has_adjustments(seq.params):  # each row as the answer would stand at that node
             logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params, seq.prompt_token_ids,
-                                   seq.ending_ids)
+                                   seq.ending_ids, seq.grammar)
         if seq.params.is_greedy:
             return verify_greedy(spec, logits.argmax(dim=-1).tolist())
         return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)

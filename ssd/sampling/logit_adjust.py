@@ -3,7 +3,8 @@ and presence / frequency penalties (lower the logit of every token the answer al
 `presence_penalty` once and by `frequency_penalty` per occurrence; generated tokens only, not the prompt), and
 the vLLM / HF extensions `repetition_penalty` (a token seen in the prompt or the answer has its logit divided by
 the penalty when positive, multiplied when negative) and `min_tokens` (the tokens that would end the answer are
-banned until it holds that many).
+banned until it holds that many), and structured output (tokens the request's grammar bans there get -inf,
+ssd/sampling/grammar.py).
 
 Applied wherever the target's distribution is needed: plain sampling and verification. A speculative round
 scores each draft position with the answer as it would stand there (the committed tokens plus the path to that
@@ -14,12 +15,13 @@ from collections.abc import Sequence
 
 import torch
 
+from ssd.sampling.grammar import GrammarState
 from ssd.sampling.params import SamplingParams
 
 
 def has_adjustments(params: SamplingParams) -> bool:
     return (params.presence_penalty != 0 or params.frequency_penalty != 0 or bool(params.logit_bias)
-            or params.repetition_penalty != 1.0 or params.min_tokens > 0)
+            or params.repetition_penalty != 1.0 or params.min_tokens > 0 or params.grammar is not None)
 
 
 def _path_counts(output_ids: list[int], paths: list[list[int]], vocab: int) -> torch.Tensor:  # [n, V]
@@ -39,9 +41,10 @@ def adjust_logits(
     params: SamplingParams,
     prompt_ids: Sequence[int] = (),  # for repetition_penalty
     stop_ids: frozenset[int] = frozenset(),  # tokens that end the answer (EOS, stop ids), for min_tokens
+    grammar: GrammarState | None = None,  # the request's compiled params.grammar
 ) -> torch.Tensor:  # [n, V] float32
-    """Row i biased, penalized and (below min_tokens) barred from ending, for the answer output_ids + paths[i];
-    the logits themselves when the request asks for none of it."""
+    """Row i biased, penalized, (below min_tokens) barred from ending and held to the grammar, for the answer
+    output_ids + paths[i]; the logits themselves when the request asks for none of it."""
     if not has_adjustments(params):
         return logits
     n, vocab = logits.shape
@@ -62,4 +65,6 @@ def adjust_logits(
         short = torch.tensor([len(output_ids) + len(p) < params.min_tokens for p in paths])  # [n]
         banned = torch.tensor(sorted(stop_ids), dtype=torch.long)
         out = out.masked_fill(short[:, None] & torch.isin(torch.arange(vocab), banned)[None, :], float("-inf"))
+    if grammar is not None:
+        out = out.masked_fill(~grammar.allowed(output_ids, paths), float("-inf"))
     return out

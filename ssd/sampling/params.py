@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 from ssd.errors import InvalidRequestError
+from ssd.sampling.grammar import Grammar
 from ssd.sampling.logprobs import MAX_TOP_LOGPROBS
 
 
@@ -27,6 +28,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0; tokens in the prompt or answer: logit / penalty if > 0, else * penalty
     min_p: float = 0.0  # in [0, 1]: drop tokens less likely than min_p x the most likely one (after temperature)
     min_tokens: int = 0  # EOS and the stop token ids cannot end the answer before it holds this many tokens
+    grammar: Grammar | None = None  # structured output: the answer follows this JSON schema or regex, then EOS
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -64,8 +66,19 @@ class SamplingParams:
                 0 <= self.min_tokens <= self.max_tokens):
             raise InvalidRequestError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
                                       f"got {self.min_tokens!r}")
+        self._check_grammar()
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    def _check_grammar(self) -> None:
+        if self.grammar is None:
+            return
+        if not isinstance(self.grammar, Grammar):
+            raise InvalidRequestError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+        if self.ignore_eos:  # a complete answer allows only EOS: it would be forced to go on past it
+            raise InvalidRequestError("ignore_eos cannot be combined with a grammar (a complete answer ends with EOS)")
+        if self.min_tokens:  # a short complete answer would leave no token allowed
+            raise InvalidRequestError("min_tokens cannot be combined with a grammar (the grammar decides the length)")
 
     @property
     def is_greedy(self) -> bool:

@@ -137,7 +137,6 @@ def test_generation_errors_keep_their_status_through_the_disconnect_watch():
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("response_format", {"type": "json_object"}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("suffix", "end"),
 ])
 def test_unsupported_openai_options_are_refused_not_ignored(field, value):
@@ -156,6 +155,43 @@ def test_unsupported_openai_options_at_their_neutral_value_are_served():
     r = asyncio.run(_post(make_app(gen), json.dumps(body).encode()))
     assert r.status_code == 200, r.text
     assert gen.requests[0].prompt == "hi"
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"response_format": {"type": "json_object"}}, ("json_schema", {"type": "object"})),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}},
+     ("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}})),
+    ({"guided_json": {"type": "array"}}, ("json_schema", {"type": "array"})),
+    ({"guided_regex": "(yes|no)"}, ("regex", "(yes|no)")),
+    ({"response_format": {"type": "text"}}, None),
+])
+def test_structured_output_reaches_the_target_as_a_grammar(extra, expected):
+    gen = StubGenerator()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **extra}
+    r = asyncio.run(_post(make_app(gen), json.dumps(body).encode(), "/v1/chat/completions"))
+    assert r.status_code == 200, r.text
+    params = gen.requests[0].params
+    if expected is None:
+        assert not params.HasField("grammar")
+        return
+    kind = params.grammar.WhichOneof("kind")
+    text = getattr(params.grammar, kind)
+    assert (kind, json.loads(text) if kind == "json_schema" else text) == expected
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "response_format"),
+])
+def test_bad_structured_output_requests_are_refused(extra, param):
+    gen = StubGenerator()
+    body = json.dumps({"prompt": "hi", "max_tokens": 5, **extra}).encode()
+    r = asyncio.run(_post(make_app(gen), body))
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == param
+    assert gen.requests == []
 
 
 def test_n_choices_are_separate_requests_with_their_own_seeds():

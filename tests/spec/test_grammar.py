@@ -1,0 +1,176 @@
+"""Structured output (a JSON schema or a regex the answer must follow): the masks, the errors, and exactness:
+greedy speculation with a grammar equals plain greedy decoding with it, and speculative sampling follows the
+target's distribution restricted to the grammar (chi-square; a verifier that masks only the root row is caught)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssd.errors import InvalidRequestError
+from ssd.llm import LLM
+from ssd.sampling.grammar import Grammar, GrammarCompiler
+from ssd.sampling.params import SamplingParams
+from ssd.spec import config as spec_config
+from ssd.spec.proposer import TreeShape
+from tests.spec.exact_distribution import chi_square_pvalue
+from tests.tiny_models import write_tiny_checkpoint
+
+LETTERS = "abcdefghijklmn"  # token i + 2 is LETTERS[i]; 0 = <s>, 1 = </s> (EOS)
+EOS = 1
+REGEX = "[ce-k][e-k]?[h-k]"  # answers of 2 or 3 letters that the tiny draft proposes now and then
+PROMPT = [3, 7, 2, 9]
+TEMP = 0.9
+NUM_RUNS = 4000
+
+
+def write_letter_tokenizer(folder: Path) -> None:
+    """A 16-token byte-level tokenizer: one token per letter, no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<s>": 0, "</s>": 1, **{ch: i + 2 for i, ch in enumerate(LETTERS)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+
+
+@pytest.fixture(scope="module")
+def letters(tmp_path_factory):  # noqa: ANN201
+    """(target folder, draft folder, target HF model in float64): tiny Llamas over the letter tokenizer."""
+    target, draft = tmp_path_factory.mktemp("gt"), tmp_path_factory.mktemp("gd")
+    hf = write_tiny_checkpoint(target, "llama", seed=0, vocab_size=16, initializer_range=0.3)
+    write_tiny_checkpoint(draft, "llama", seed=5, vocab_size=16, num_hidden_layers=1, initializer_range=0.3)
+    for folder in (target, draft):
+        write_letter_tokenizer(folder)
+    return target, draft, hf.double()
+
+
+def _text(ids: list[int]) -> str:
+    return "".join(LETTERS[t - 2] for t in ids if t != EOS)
+
+
+def test_rows_follow_the_path_and_a_banned_path_token_keeps_its_parents_mask(letters):
+    state = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})).compile(Grammar("regex", "[a-c][a-e]?[b-d]"))
+    a, b, c, d, e = 2, 3, 4, 5, 6
+    rows = state.allowed([], [[], [a], [a, b], [a, e, b], [d], [d, a]])  # [6, 16]
+    assert rows[0].nonzero().flatten().tolist() == [a, b, c]
+    assert rows[1].nonzero().flatten().tolist() == [a, b, c, d, e]
+    assert rows[2].nonzero().flatten().tolist() == [EOS, b, c, d]  # "ab" is complete: EOS or a third letter
+    assert rows[3].nonzero().flatten().tolist() == [EOS]  # "aeb": only the end remains
+    assert rows[4].equal(rows[0]) and rows[5].equal(rows[0])  # d is banned at the root: unreachable rows
+    assert state.allowed([a], [[]])[0].equal(rows[1])  # the committed answer moves the root
+    assert not state.is_complete([a]) and state.is_complete([a, e, b])
+
+
+@pytest.mark.parametrize(("grammar", "message"), [
+    (Grammar("json_schema", "{"), "not valid JSON"),
+    (Grammar("json_schema", '"object"'), "must be a JSON object"),
+    (Grammar("json_schema", '{"type": "objectx"}'), "invalid json_schema"),
+    (Grammar("regex", "[a-"), "invalid regex"),
+])
+def test_bad_grammars_are_invalid_requests(letters, grammar, message):
+    compiler = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS}))
+    with pytest.raises(InvalidRequestError, match=message):
+        compiler.compile(grammar)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"ignore_eos": True}, "ignore_eos"), ({"min_tokens": 2}, "min_tokens"),
+])
+def test_grammar_refuses_options_that_fight_it(options, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        SamplingParams(grammar=Grammar("regex", "a+"), **options)
+    with pytest.raises(InvalidRequestError, match="kind"):
+        Grammar("yaml", "a: 1")  # type: ignore[arg-type]
+
+
+def test_a_weights_only_checkpoint_refuses_a_grammar(models):
+    llm = LLM(str(models[0]), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    with pytest.raises(InvalidRequestError, match="tokenizer.json"):
+        llm.generate([PROMPT], SamplingParams(grammar=Grammar("regex", "a+")))
+
+
+def _llm(letters, speculation=None) -> LLM:  # type: ignore[no-untyped-def]
+    return LLM(str(letters[0]), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
+               speculation=speculation)
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree", "ssd"])
+def test_greedy_speculation_with_a_grammar_equals_plain(letters, shape):
+    params = SamplingParams(max_tokens=24, grammar=Grammar("regex", "[a-n]{3,9}(b|c)"))
+    prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
+    plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
+    free = [o.token_ids for o in _llm(letters).generate(prompts, SamplingParams(max_tokens=24))]
+    assert plain != free and all(4 <= len(_text(t)) <= 10 and t[-1] == EOS for t in plain)
+    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3,
+                                         tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
+                                         ssd=spec_config.SsdConfig() if shape == "ssd" else None)
+    llm = _llm(letters, spec)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == plain
+    assert llm.engine.spec.counters.num_accepted_tokens > 0
+
+
+def _exact(hf, compiler: GrammarCompiler) -> dict[tuple, float]:
+    """P(answer) for every answer of the regex (letters then EOS), by the target in float64 with the grammar's
+    masks at each step."""
+    done: dict[tuple, float] = {}
+    frontier: dict[tuple, float] = {(): 1.0}
+    while frontier:
+        grown: dict[tuple, float] = {}
+        for prefix, prob in frontier.items():
+            with torch.no_grad():
+                logits = hf(torch.tensor([PROMPT + list(prefix)])).logits[0, -1]  # [V]
+            allowed = compiler.compile(Grammar("regex", REGEX)).allowed(list(prefix), [[]])[0]
+            step = torch.softmax(logits.masked_fill(~allowed, float("-inf")) / TEMP, dim=-1)
+            for t in allowed.nonzero().flatten().tolist():
+                target = done if t == EOS else grown
+                target[prefix + (t,)] = prob * float(step[t])
+        frontier = grown
+    return done
+
+
+def _samples(letters, spec) -> list[tuple]:  # type: ignore[no-untyped-def]
+    llm = _llm(letters, spec)
+    grammar = Grammar("regex", REGEX)
+    params = [SamplingParams(temperature=TEMP, max_tokens=8, seed=i, grammar=grammar) for i in range(NUM_RUNS)]
+    outs = llm.generate([PROMPT] * NUM_RUNS, params)
+    assert 0 < llm.engine.spec.counters.num_accepted_tokens < llm.engine.spec.counters.num_draft_tokens
+    return [tuple(o.token_ids) for o in outs]
+
+
+def _spec(letters, tree: bool) -> spec_config.SpeculationConfig:  # type: ignore[no-untyped-def]
+    return spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=2, k_schedule=((1024, 2),),
+                                         tree=TreeShape(budget=6, depth=2, top_k=2) if tree else None)
+
+
+@pytest.fixture(scope="module")
+def exact(letters):  # noqa: ANN201
+    return _exact(letters[2], GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})))
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_speculative_sampling_with_a_grammar_matches_the_masked_target(letters, exact, tree):
+    samples = _samples(letters, _spec(letters, tree))
+    assert all(t[-1] == EOS and 2 <= len(t) - 1 <= 3 for t in samples)
+    assert chi_square_pvalue(samples, exact) > 0.001
+
+
+def test_a_verifier_masking_only_the_root_row_is_caught(letters, monkeypatch):
+    """The easy bug: the grammar applied at the committed position but not at the draft's positions. Banned
+    draft tokens get accepted, and the engine stops at the first answer that left its grammar."""
+    from ssd.sampling import grammar as grammar_module
+
+    real = grammar_module.GrammarState.allowed
+
+    def root_only(self, output_ids, paths):  # type: ignore[no-untyped-def]
+        rows = real(self, output_ids, paths)
+        return torch.cat([rows[:1], torch.ones_like(rows[1:])])
+
+    monkeypatch.setattr(grammar_module.GrammarState, "allowed", root_only)
+    with pytest.raises(RuntimeError, match="left its grammar"):
+        _samples(letters, _spec(letters, False))
