@@ -79,7 +79,8 @@ class SpeculativeDecoder:
         asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
                             strict=True)) if asking else {}
-        specs = [proposed.get(s.seq_id, Speculation([])) for s in seqs]
+        specs = [self._with_forced_tokens(s, proposed[s.seq_id], k) if s.seq_id in proposed else Speculation([])
+                 for s in seqs]
         items = [self._item(s, spec) for s, spec in zip(seqs, specs, strict=True)]
         mode = ForwardMode.TREE if self.config.tree is not None else ForwardMode.VERIFY
         proposed_at = time.perf_counter()
@@ -107,6 +108,23 @@ class SpeculativeDecoder:
                 logprobs.append(token_logprobs(parents, outcome.tokens, seq.params.logprobs))
             offset += n
         return results, logprobs
+
+    def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
+        """Structured output: splice the grammar's forced tokens into a chain (GrammarState.forced_chain). A
+        spliced token gets a one-hot q row. Not for trees, nor for SSD, whose cache is keyed by outcomes of
+        the speculation the draft made."""
+        if seq.grammar is None or spec.is_tree or seq.params.ssd or self.config.ssd is not None:
+            return spec
+        chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
+        if [t for t, _ in chain] == spec.tokens:
+            return spec
+        q = None
+        if spec.q is not None:  # [n, V]: the draft's own rows, one-hot rows for spliced tokens
+            one_hot = torch.zeros(len(chain), spec.q.shape[1], dtype=spec.q.dtype)
+            one_hot[torch.arange(len(chain)), torch.tensor([t for t, _ in chain], dtype=torch.long)] = 1.0
+            q = torch.stack([spec.q[i] if own else one_hot[i] for i, (_, own) in enumerate(chain)]) if chain else \
+                spec.q[:0]
+        return Speculation([t for t, _ in chain], None, q)
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""

@@ -81,6 +81,35 @@ class GrammarState:
                 self._matcher.rollback(consumed)
         return torch.stack(rows)
 
+    def forced_chain(self, output_ids: list[int], draft: list[int], limit: int) -> list[tuple[int, bool]]:
+        """A chain speculation with the grammar's forced tokens spliced in: walking from the committed answer,
+        a position where the grammar allows exactly one token gets that token (the target's masked p is 1
+        there, so it is always accepted); elsewhere the draft's token, as long as every earlier position holds
+        the draft's own token (a token drafted after a different one is not a sample of its q row). Stops
+        where the grammar is complete (only EOS may follow: the verify's bonus token), after a banned draft
+        token (rejected by the verify) or at `limit` tokens. [(token, whether it is the draft's own)]."""
+        self._sync(output_ids)
+        chain: list[tuple[int, bool]] = []
+        consumed, diverged = 0, False
+        while len(chain) < limit and not self._matcher.is_stopped():
+            allowed = self._mask().nonzero().flatten()  # [m]
+            i = len(chain)
+            if len(allowed) == 1:
+                token = int(allowed[0])
+                own = not diverged and i < len(draft) and draft[i] == token
+                diverged = diverged or not own
+            elif diverged or i >= len(draft):
+                break
+            else:
+                token, own = draft[i], True
+            chain.append((token, own))
+            if self._matcher.try_consume_tokens([token]) != 1:
+                break
+            consumed += 1
+        if consumed:
+            self._matcher.rollback(consumed)
+        return chain
+
     def is_complete(self, output_ids: list[int]) -> bool:
         """The answer satisfies the grammar and nothing may follow but the end of the sequence."""
         self._sync(output_ids)

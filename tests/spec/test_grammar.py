@@ -19,7 +19,7 @@ from tests.tiny_models import write_tiny_checkpoint
 
 LETTERS = "abcdefghijklmn"  # token i + 2 is LETTERS[i]; 0 = <s>, 1 = </s> (EOS)
 EOS = 1
-REGEX = "[ce-k][e-k]?[h-k]"  # answers of 2 or 3 letters that the tiny draft proposes now and then
+REGEX = "[ce-k]h[e-k]?[h-k]"  # 3 or 4 letters; "h" is forced (spliced into chains); the draft proposes some others
 PROMPT = [3, 7, 2, 9]
 TEMP = 0.9
 NUM_RUNS = 4000
@@ -115,6 +115,36 @@ def test_greedy_speculation_with_a_grammar_equals_plain(letters, shape):
     assert llm.engine.spec.counters.num_accepted_tokens > 0
 
 
+def test_forced_tokens_are_spliced_into_the_chain(letters):
+    state = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})).compile(
+        Grammar("regex", "abc[d-f]gh[a-n]+"))
+    a, b, c, d, e, f, g, h = range(2, 10)
+    # forced a b c, then the draft's d (allowed), forced g h, then the draft would be needed again
+    assert state.forced_chain([], [a, b, c, d, g, h, a], 8) == [(a, True), (b, True), (c, True), (d, True),
+                                                                (g, True), (h, True), (a, True)]
+    # the draft guessed x instead of b: b is spliced, and the draft's later tokens are dropped at d-f
+    assert state.forced_chain([], [a, d, c, d], 8) == [(a, True), (b, False), (c, False)]
+    assert state.forced_chain([], [a, b, c, d], 2) == [(a, True), (b, True)]  # the limit
+    assert state.forced_chain([a, b, c], [g], 8) == [(g, True)]  # a banned draft token ends the chain
+    assert state.forced_chain([a, b, c, e], [], 8) == [(g, False), (h, False)]  # no draft: the forced run
+
+
+def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkeypatch):
+    from ssd.engine import spec_decode
+
+    params = SamplingParams(max_tokens=24, grammar=Grammar("regex", "[a-n]{2,4}(cdefghij|klm)[a-n]{2,4}"))
+    prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
+    plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
+    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3)
+    spliced = _llm(letters, spec)
+    assert [o.token_ids for o in spliced.generate(prompts, params)] == plain
+    monkeypatch.setattr(spec_decode.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
+    unspliced = _llm(letters, spec)
+    assert [o.token_ids for o in unspliced.generate(prompts, params)] == plain
+    done, undone = spliced.engine.spec.counters, unspliced.engine.spec.counters
+    assert done.num_drafts < undone.num_drafts and done.num_accepted_tokens > undone.num_accepted_tokens
+
+
 def _exact(hf, compiler: GrammarCompiler) -> dict[tuple, float]:
     """P(answer) for every answer of the regex (letters then EOS), by the target in float64 with the grammar's
     masks at each step."""
@@ -156,7 +186,7 @@ def exact(letters):  # noqa: ANN201
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_speculative_sampling_with_a_grammar_matches_the_masked_target(letters, exact, tree):
     samples = _samples(letters, _spec(letters, tree))
-    assert all(t[-1] == EOS and 2 <= len(t) - 1 <= 3 for t in samples)
+    assert all(t[-1] == EOS and 3 <= len(t) - 1 <= 4 and t[1] == 9 for t in samples)  # 9 = "h"
     assert chi_square_pvalue(samples, exact) > 0.001
 
 
