@@ -30,29 +30,37 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 
 class MaskTimer:
-    """Wraps GrammarState.allowed to add up the seconds spent in it."""
+    """Adds up the seconds spent in the grammar: the verify's masks (GrammarState.allowed, counted as calls) and
+    the splicing of forced tokens (GrammarState.forced_chain)."""
+
+    METHODS = ("allowed", "forced_chain")
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.calls = 0
-        self._real = grammar_module.GrammarState.allowed
+        self._real = {name: getattr(grammar_module.GrammarState, name) for name in self.METHODS}
 
-    def __enter__(self) -> "MaskTimer":
-        timer, real = self, self._real
+    def _timed(self, name: str):  # noqa: ANN202
+        timer, real = self, self._real[name]
 
-        def timed(state, output_ids, paths):  # type: ignore[no-untyped-def]
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
             began = time.perf_counter()
             try:
-                return real(state, output_ids, paths)
+                return real(*args, **kwargs)
             finally:
                 timer.seconds += time.perf_counter() - began
-                timer.calls += 1
+                timer.calls += name == "allowed"
 
-        grammar_module.GrammarState.allowed = timed  # type: ignore[method-assign]
+        return timed
+
+    def __enter__(self) -> "MaskTimer":
+        for name in self.METHODS:
+            setattr(grammar_module.GrammarState, name, self._timed(name))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        grammar_module.GrammarState.allowed = self._real  # type: ignore[method-assign]
+        for name, real in self._real.items():
+            setattr(grammar_module.GrammarState, name, real)
 
 
 def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | None) -> dict:

@@ -110,11 +110,16 @@ class SpeculativeDecoder:
         return results, logprobs
 
     def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
-        """Structured output: splice the grammar's forced tokens into a chain (GrammarState.forced_chain). A
-        spliced token gets a one-hot q row. Not for trees, nor for SSD, whose cache is keyed by outcomes of
-        the speculation the draft made."""
-        if seq.grammar is None or spec.is_tree or seq.params.ssd or self.config.ssd is not None:
+        """Structured output: splice the grammar's forced tokens into the speculation. A chain gets them
+        wherever they fall (GrammarState.forced_chain; a spliced token's q row is one-hot); a tree, when the
+        root's next tokens are forced, becomes that forced run followed by the tree's subtree along it. Not
+        for SSD, whose cache is keyed by outcomes of the speculation the draft made."""
+        if seq.grammar is None or seq.params.ssd or self.config.ssd is not None:
             return spec
+        if spec.is_tree:
+            budget = self.config.tree.budget if self.config.tree is not None else spec.num_tokens
+            forced = [t for t, _ in seq.grammar.forced_chain(seq.output_token_ids, [], budget)]
+            return spec.with_prefix(forced, budget) if forced else spec
         chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
         if [t for t, _ in chain] == spec.tokens:
             return spec

@@ -129,13 +129,28 @@ def test_forced_tokens_are_spliced_into_the_chain(letters):
     assert state.forced_chain([a, b, c, e], [], 8) == [(g, False), (h, False)]  # no draft: the forced run
 
 
-def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkeypatch):
+def test_a_tree_with_a_forced_prefix_keeps_its_subtree_along_it():
+    from ssd.spec.speculation import Speculation
+
+    #        root -> 5 -> 7 -> 9
+    #             |      -> 8
+    #             -> 6
+    tree = Speculation([5, 6, 7, 8, 9], [0, 0, 1, 1, 3])
+    assert tree.with_prefix([5, 7], 8) == Speculation([5, 7, 9], [0, 1, 2])
+    assert tree.with_prefix([5], 8) == Speculation([5, 7, 8, 9], [0, 1, 1, 2])
+    assert tree.with_prefix([6, 2], 8) == Speculation([6, 2], [0, 1])  # the tree ends before the prefix does
+    assert tree.with_prefix([5], 2) == Speculation([5, 7], [0, 1])  # the budget
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkeypatch, shape):
     from ssd.engine import spec_decode
 
     params = SamplingParams(max_tokens=24, grammar=Grammar("regex", "[a-n]{2,4}(cdefghij|klm)[a-n]{2,4}"))
     prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
     plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
-    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3)
+    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3,
+                                         tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None)
     spliced = _llm(letters, spec)
     assert [o.token_ids for o in spliced.generate(prompts, params)] == plain
     monkeypatch.setattr(spec_decode.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
