@@ -1,24 +1,28 @@
-"""What structured output costs: the same JSON requests with and without a JSON schema, in AR and in SD.
+"""What structured output costs: the same JSON requests with and without a JSON schema, in AR, SD and SSD.
 
     python -m bench.structured_output --json bench/results/structured_output.json
 
 Eight chat prompts asking for a JSON record (the schema below: strings with maxLength, a boolean, a short
-array), batch 1, greedy, in one process on one thread. For each mode it reports decode tokens/s, SD's tokens
-per round, and the time spent computing grammar masks. Free text and JSON answers differ in length and
-content, so compare the grammar's own cost (mask time) and SD's acceptance, not the two tok/s rows alone.
+array), batch 1, greedy, in one process on one thread. Each mode runs them free, under the schema, and under
+the schema without splicing the grammar's forced tokens into the speculation. It reports decode tokens/s,
+tokens per round (and SSD's cache hit rate), and the time spent in the grammar. Free text and JSON answers
+differ in length and content, so compare tok/s within a variant. SSD runs in one process here (answer, then
+build, in turn): its tokens per round and hit rate are the services', its tok/s is not (`ssd bench` is).
 """
 
 import argparse
 import json
 import time
+from contextlib import nullcontext
 
 import torch
 
+from ssd.engine import spec_decode
 from ssd.llm import LLM
 from ssd.sampling import grammar as grammar_module
 from ssd.sampling.grammar import Grammar
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig
+from ssd.spec.config import SpeculationConfig, SsdConfig
 from ssd.spec.proposer import TreeShape
 
 SUBJECTS = ["Paris", "a golden retriever", "the planet Mars", "a bicycle", "Ada Lovelace", "the Nile river",
@@ -63,11 +67,22 @@ class MaskTimer:
             setattr(grammar_module.GrammarState, name, real)
 
 
-def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | None) -> dict:
+class NoSplicing:
+    """The speculation as the draft made it: no forced tokens spliced in."""
+
+    def __enter__(self) -> None:
+        self._real = spec_decode.SpeculativeDecoder._with_forced_tokens
+        spec_decode.SpeculativeDecoder._with_forced_tokens = lambda self, seq, spec, k: spec  # type: ignore
+
+    def __exit__(self, *exc: object) -> None:
+        spec_decode.SpeculativeDecoder._with_forced_tokens = self._real  # type: ignore[method-assign]
+
+
+def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | None, splice: bool = True) -> dict:
     params = SamplingParams(max_tokens=max_tokens, grammar=grammar)
     llm.generate(prompts[0], SamplingParams(max_tokens=4))  # warm-up
-    tokens, decode_s, rounds, emitted, valid = 0, 0.0, 0, 0, 0
-    with MaskTimer() as masks:
+    tokens, decode_s, rounds, emitted, valid, hits = 0, 0.0, 0, 0, 0, 0
+    with MaskTimer() as masks, (nullcontext() if splice else NoSplicing()):
         for prompt in prompts:  # batch 1
             began = time.perf_counter()
             out = llm.generate(prompt, params)[0]
@@ -77,6 +92,7 @@ def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | N
             if out.spec:
                 rounds += out.spec["num_drafts"]
                 emitted += round(out.spec["tokens_per_round"] * out.spec["num_drafts"])
+                hits += out.spec.get("cache_hits", 0)
             if grammar is not None:
                 try:
                     json.loads(out.text)
@@ -85,6 +101,7 @@ def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | N
                     pass
     return {"decode_tok_s": round(tokens / decode_s, 2), "generated_tokens": tokens,
             "tokens_per_round": round(emitted / rounds, 3) if rounds else None,
+            "cache_hit_rate": round(hits / rounds, 3) if hits else None,
             "mask_ms_total": round(1000 * masks.seconds, 1), "mask_calls": masks.calls,
             "mask_share_of_decode": round(masks.seconds / decode_s, 4),
             "valid_json": valid if grammar is not None else None}
@@ -105,14 +122,17 @@ def main() -> None:
     grammar = Grammar("json_schema", json.dumps(SCHEMA))
     specs = {"ar": None, "sd_chain": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k),
              "sd_tree": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k,
-                                          tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2))}
+                                          tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2)),
+             "ssd_in_process": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, ssd=SsdConfig())}
     results: dict = {"command": vars(args), "schema": SCHEMA}
     for name, spec in specs.items():
         llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)
         prompts = [llm.chat_prompt([{"role": "user", "content": f"Describe {s} as a JSON record."}])
                    for s in SUBJECTS]
-        for label, g in (("free", None), ("json_schema", grammar)):
-            results[f"{name}/{label}"] = run_mode(llm, prompts, args.max_tokens, g)
+        variants = [("free", None, True), ("json_schema", grammar, True)]
+        variants += [("json_schema_unspliced", grammar, False)] if spec is not None else []
+        for label, g, splice in variants:
+            results[f"{name}/{label}"] = run_mode(llm, prompts, args.max_tokens, g, splice)
             print(name, label, results[f"{name}/{label}"], flush=True)  # noqa: T201 (a benchmark's report)
     if args.json:
         with open(args.json, "w") as f:

@@ -110,25 +110,26 @@ class SpeculativeDecoder:
         return results, logprobs
 
     def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
-        """Structured output: splice the grammar's forced tokens into the speculation. A chain gets them
-        wherever they fall (GrammarState.forced_chain; a spliced token's q row is one-hot); a tree, when the
-        root's next tokens are forced, becomes that forced run followed by the tree's subtree along it. Not
-        for SSD, whose cache is keyed by outcomes of the speculation the draft made."""
-        if seq.grammar is None or seq.params.ssd or self.config.ssd is not None:
+        """Structured output: splice the grammar's forced tokens into the speculation, wherever they fall (a
+        spliced token is always accepted; in a chain its q row is one-hot). SSD too: its draft reads the outcome
+        off the committed tokens, and one that left its speculation is a miss there."""
+        if seq.grammar is None:
             return spec
         if spec.is_tree:
             budget = self.config.tree.budget if self.config.tree is not None else spec.num_tokens
-            forced = [t for t, _ in seq.grammar.forced_chain(seq.output_token_ids, [], budget)]
-            return spec.with_prefix(forced, budget) if forced else spec
+            tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(), budget)
+            return Speculation(tokens, parents)
         chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
         if [t for t, _ in chain] == spec.tokens:
             return spec
         q = None
         if spec.q is not None:  # [n, V]: the draft's own rows, one-hot rows for spliced tokens
-            one_hot = torch.zeros(len(chain), spec.q.shape[1], dtype=spec.q.dtype)
-            one_hot[torch.arange(len(chain)), torch.tensor([t for t, _ in chain], dtype=torch.long)] = 1.0
-            q = torch.stack([spec.q[i] if own else one_hot[i] for i, (_, own) in enumerate(chain)]) if chain else \
-                spec.q[:0]
+            q = torch.zeros(len(chain), spec.q.shape[1], dtype=spec.q.dtype)
+            for i, (token, own) in enumerate(chain):
+                if own:
+                    q[i] = spec.q[i]
+                else:
+                    q[i, token] = 1.0
         return Speculation([t for t, _ in chain], None, q)
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:

@@ -52,50 +52,65 @@ def _bits(bitmask: bytes, vocab: int) -> torch.Tensor:  # [vocab] bool
 
 
 class GrammarState:
-    """One request's matcher. `allowed` syncs it to the committed answer first, so it needs no commit hook."""
+    """One request's matcher. Every call names the committed answer; the state follows it (no commit hook).
+    Masks are memoized per path until the answer grows, so the verify's rows reuse the splicing's."""
 
-    def __init__(self, matcher, vocab: int) -> None:  # noqa: ANN001 (llguidance.LLMatcher)
+    def __init__(self, matcher, vocab: int, eos_ids: frozenset[int]) -> None:  # noqa: ANN001 (llguidance.LLMatcher)
         self._matcher = matcher
         self._vocab = vocab
+        self._eos = eos_ids
         self._consumed = 0  # answer tokens the matcher has consumed
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}  # path after the answer -> [V] bool
 
     def _sync(self, output_ids: list[int]) -> None:
         new = output_ids[self._consumed :]
-        if new and self._matcher.try_consume_tokens(new) != len(new):
+        if not new:
+            return
+        if self._matcher.try_consume_tokens(new) != len(new):
             # cannot happen: every committed token was allowed when it was chosen
             raise RuntimeError(f"the answer left its grammar: {self._matcher.get_error()}")
         self._consumed = len(output_ids)
+        self._masks.clear()
 
-    def _mask(self) -> torch.Tensor:  # [V] bool
-        return _bits(self._matcher.compute_bitmask(), self._vocab)
+    def _mask_after(self, path: list[int]) -> torch.Tensor:  # [V] bool
+        """The tokens allowed after the answer + path; a path that leaves the grammar gets the mask where it
+        left (its rows are unreachable: the banned token has p = 0 at its parent)."""
+        consumed = self._matcher.try_consume_tokens(path) if path else 0
+        key = tuple(path[:consumed])
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = _bits(self._matcher.compute_bitmask(), self._vocab)
+        if consumed:
+            self._matcher.rollback(consumed)
+        return mask
+
+    def _forced(self, mask: torch.Tensor) -> int | None:
+        """The one token the mask allows, unless that is the end of the sequence (the verify's bonus then)."""
+        allowed = mask.nonzero().flatten()  # [m]
+        token = int(allowed[0]) if len(allowed) == 1 else None
+        return None if token in self._eos else token
 
     def allowed(self, output_ids: list[int], paths: list[list[int]]) -> torch.Tensor:  # [n, V] bool
-        """Row i: the tokens the grammar allows after output_ids + paths[i]. A row whose path leaves the grammar
-        is unreachable (the banned draft token has p = 0 at its parent row), so it gets its parent's mask."""
+        """Row i: the tokens the grammar allows after output_ids + paths[i]."""
         self._sync(output_ids)
-        rows = []
-        for path in paths:
-            consumed = self._matcher.try_consume_tokens(path) if path else 0
-            rows.append(self._mask())
-            if consumed:
-                self._matcher.rollback(consumed)
-        return torch.stack(rows)
+        return torch.stack([self._mask_after(path) for path in paths])
 
     def forced_chain(self, output_ids: list[int], draft: list[int], limit: int) -> list[tuple[int, bool]]:
         """A chain speculation with the grammar's forced tokens spliced in: walking from the committed answer,
         a position where the grammar allows exactly one token gets that token (the target's masked p is 1
         there, so it is always accepted); elsewhere the draft's token, as long as every earlier position holds
         the draft's own token (a token drafted after a different one is not a sample of its q row). Stops
-        where the grammar is complete (only EOS may follow: the verify's bonus token), after a banned draft
-        token (rejected by the verify) or at `limit` tokens. [(token, whether it is the draft's own)]."""
+        where only EOS may follow (the verify's bonus), after a banned draft token (kept: with a q row its
+        rejection shapes the bonus token's distribution) or at `limit` tokens. [(token, the draft's own)]."""
         self._sync(output_ids)
         chain: list[tuple[int, bool]] = []
-        consumed, diverged = 0, False
-        while len(chain) < limit and not self._matcher.is_stopped():
-            allowed = self._mask().nonzero().flatten()  # [m]
-            i = len(chain)
-            if len(allowed) == 1:
-                token = int(allowed[0])
+        diverged = False
+        while len(chain) < limit:
+            i, mask = len(chain), self._mask_after([t for t, _ in chain])
+            if mask.sum() == 1:
+                token = self._forced(mask)
+                if token is None:
+                    break
                 own = not diverged and i < len(draft) and draft[i] == token
                 diverged = diverged or not own
             elif diverged or i >= len(draft):
@@ -103,12 +118,41 @@ class GrammarState:
             else:
                 token, own = draft[i], True
             chain.append((token, own))
-            if self._matcher.try_consume_tokens([token]) != 1:
+            if not mask[token]:
                 break
-            consumed += 1
-        if consumed:
-            self._matcher.rollback(consumed)
         return chain
+
+    def forced_tree(self, output_ids: list[int], tokens: list[int], parents: list[int],
+                    budget: int) -> tuple[list[int], list[int]]:
+        """A token tree (one-hot proposals) held to the grammar, breadth first: below a node where the grammar
+        forces the next token, that token alone (with the draft's subtree under it when the draft had it);
+        elsewhere the draft's children that the grammar allows (a banned one-hot candidate is rejected with
+        certainty, so dropping it changes nothing). At most `budget` nodes; (tokens, parents), node i + 1's
+        parent is parents[i] (0 = root)."""
+        self._sync(output_ids)
+        children: list[list[int]] = [[] for _ in range(len(tokens) + 1)]
+        for node, parent in enumerate(parents, start=1):
+            children[parent].append(node)
+        new_tokens: list[int] = []
+        new_parents: list[int] = []
+        paths: list[list[int]] = [[]]  # per new node (0 = root): its tokens from the root
+        queue = [(0, 0)]  # (node of the draft's tree or -1, node of the new tree)
+        for old, new in queue:  # the list grows while it is walked: breadth first
+            mask = self._mask_after(paths[new])
+            forced = self._forced(mask) if mask.sum() == 1 else None
+            draft_kids = children[old] if old >= 0 else []
+            if forced is not None:
+                picks = [(next((c for c in draft_kids if tokens[c - 1] == forced), -1), forced)]
+            else:
+                picks = [(c, tokens[c - 1]) for c in draft_kids if mask[tokens[c - 1]]]
+            for old_child, token in picks:
+                if len(new_tokens) == budget:
+                    break
+                new_tokens.append(token)
+                new_parents.append(new)
+                paths.append([*paths[new], token])
+                queue.append((old_child, len(new_tokens)))
+        return new_tokens, new_parents
 
     def is_complete(self, output_ids: list[int]) -> bool:
         """The answer satisfies the grammar and nothing may follow but the end of the sequence."""
@@ -157,4 +201,4 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"invalid {grammar.kind}: {matcher.get_error()}")
-        return GrammarState(matcher, self._vocab)
+        return GrammarState(matcher, self._vocab, frozenset(self._eos))

@@ -50,28 +50,6 @@ class Speculation:
             paths.append(paths[parent] + [self.tokens[i]])
         return paths
 
-    def with_prefix(self, prefix: list[int], budget: int) -> "Speculation":
-        """A token tree that starts with the chain `prefix` from the root, then holds this tree's subtree below
-        the node at the end of `prefix` when this tree has that path (else nothing more); at most `budget`
-        nodes, q dropped (one-hot proposals). For a grammar's forced tokens: this tree's other branches are
-        banned there."""
-        children: list[list[int]] = [[] for _ in range(self.num_tokens + 1)]
-        for node, parent in enumerate(self.parent_list(), start=1):
-            children[parent].append(node)
-        node = 0
-        for token in prefix:
-            node = next((c for c in children[node] if self.tokens[c - 1] == token), -1)
-            if node < 0:
-                break
-        tokens, parents = list(prefix[:budget]), list(range(min(len(prefix), budget)))
-        new_index = {node: len(tokens)} if node >= 0 and len(prefix) <= budget else {}
-        for old, parent in enumerate(self.parent_list(), start=1):  # parents come first: one pass keeps order
-            if parent in new_index and len(tokens) < budget:
-                tokens.append(self.tokens[old - 1])
-                parents.append(new_index[parent])
-                new_index[old] = len(tokens)
-        return Speculation(tokens, parents)
-
     def ancestor_mask(self) -> torch.Tensor:
         """[n+1, n+1] bool over root + nodes: row i may attend to column j (j is i or an ancestor of i)."""
         parents = self.parent_list()

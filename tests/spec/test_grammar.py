@@ -129,20 +129,21 @@ def test_forced_tokens_are_spliced_into_the_chain(letters):
     assert state.forced_chain([a, b, c, e], [], 8) == [(g, False), (h, False)]  # no draft: the forced run
 
 
-def test_a_tree_with_a_forced_prefix_keeps_its_subtree_along_it():
-    from ssd.spec.speculation import Speculation
+def test_a_tree_is_held_to_the_grammar_with_its_forced_tokens_spliced_in(letters):
+    state = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})).compile(
+        Grammar("regex", "abc[d-f]gh[a-n]+"))
+    a, b, c, d, e, f, g, h = range(2, 10)
+    # root -> a -> b -> e, a -> c; root -> d (banned). Forced a, b, c: the draft's a and b are kept, c is spliced
+    # (the draft had e below b), and the branches the grammar bans are dropped
+    assert state.forced_tree([], [a, d, b, c, e], [0, 0, 1, 1, 3], 8) == ([a, b, c], [0, 1, 2])
+    assert state.forced_tree([], [a, d, b, c, e], [0, 0, 1, 1, 3], 2) == ([a, b], [0, 1])  # the budget
+    # after "abc": the draft's e (allowed) and a (banned) at the root; g, h forced below e (the draft had both)
+    assert state.forced_tree([a, b, c], [e, a, g, h], [0, 0, 1, 3], 8) == ([e, g, h], [0, 1, 2])
+    # forced runs continue below leaves, breadth first, until the budget
+    assert state.forced_tree([a, b, c], [d, e, f], [0, 0, 0], 8) == ([d, e, f, g, g, g, h, h], [0, 0, 0, 1, 2, 3, 4, 5])
 
-    #        root -> 5 -> 7 -> 9
-    #             |      -> 8
-    #             -> 6
-    tree = Speculation([5, 6, 7, 8, 9], [0, 0, 1, 1, 3])
-    assert tree.with_prefix([5, 7], 8) == Speculation([5, 7, 9], [0, 1, 2])
-    assert tree.with_prefix([5], 8) == Speculation([5, 7, 8, 9], [0, 1, 1, 2])
-    assert tree.with_prefix([6, 2], 8) == Speculation([6, 2], [0, 1])  # the tree ends before the prefix does
-    assert tree.with_prefix([5], 2) == Speculation([5, 7], [0, 1])  # the budget
 
-
-@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("shape", ["chain", "tree", "ssd"])
 def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkeypatch, shape):
     from ssd.engine import spec_decode
 
@@ -150,7 +151,8 @@ def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkey
     prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
     plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
     spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3,
-                                         tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None)
+                                         tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
+                                         ssd=spec_config.SsdConfig() if shape == "ssd" else None)
     spliced = _llm(letters, spec)
     assert [o.token_ids for o in spliced.generate(prompts, params)] == plain
     monkeypatch.setattr(spec_decode.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
