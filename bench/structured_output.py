@@ -35,9 +35,9 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 class MaskTimer:
     """Adds up the seconds spent in the grammar: the verify's masks (GrammarState.allowed, counted as calls) and
-    the splicing of forced tokens (GrammarState.forced_chain)."""
+    the splicing of forced tokens (GrammarState.forced_chain / forced_tree)."""
 
-    METHODS = ("allowed", "forced_chain")
+    METHODS = ("allowed", "forced_chain", "forced_tree")
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -116,6 +116,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--modes", default="ar,sd_chain,sd_tree,ssd_in_process", help="comma-separated, of the default")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -125,7 +126,7 @@ def main() -> None:
                                           tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2)),
              "ssd_in_process": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, ssd=SsdConfig())}
     results: dict = {"command": vars(args), "schema": SCHEMA}
-    for name, spec in specs.items():
+    for name, spec in ((n, specs[n]) for n in args.modes.split(",")):
         llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)
         prompts = [llm.chat_prompt([{"role": "user", "content": f"Describe {s} as a JSON record."}])
                    for s in SUBJECTS]
