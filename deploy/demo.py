@@ -1,5 +1,6 @@
 """`make demo`: start the stack, send real prompts through the official openai client (streaming and not)
-in ar, sd and (with a neural draft) ssd modes, print the answers and tokens/s per mode, and shut the stack down.
+in ar, sd and (with a neural draft) ssd modes, print the answers and tokens/s per mode, ask for one answer as
+JSON following a schema (structured output), and shut the stack down.
 
 `make demo DRAFT=<draft checkpoint or EAGLE-3 head>` picks the draft (default: the shipped EAGLE-3 head, whose sd
 requests speculate 8-node token trees; `DRAFT=ngram`: n-gram lookup, ar and sd chains only).
@@ -21,6 +22,10 @@ PROMPTS = [
     "List three tips for writing clear code.",
 ]
 MAX_TOKENS = 96
+JSON_PROMPT = "What is the capital of France? Answer in JSON."
+JSON_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "country", "is_capital"],
+               "properties": {"city": {"type": "string", "maxLength": 24},
+                              "country": {"type": "string", "maxLength": 24}, "is_capital": {"type": "boolean"}}}
 
 
 def _print(text: str) -> None:
@@ -77,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         _print("\n=== tokens/s end to end (gateway + target, batch 1, bf16) ===\n")
         for mode, values in rates.items():
             _print(f"  {mode}: {sum(values) / len(values):.1f} tokens/s (mean of {len(values)})\n")
+        _print(f"\n=== structured output: response_format json_schema (server default mode) ===\n{JSON_PROMPT}\n")
+        reply = client.chat.completions.create(
+            model=config.model, messages=[{"role": "user", "content": JSON_PROMPT}], max_tokens=64, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": JSON_SCHEMA}})
+        _print(f"{reply.choices[0].message.content}\n")
     finally:
         stop_stack(stack)
     return 0
