@@ -79,7 +79,11 @@ class GrammarState:
         key = tuple(path[:consumed])
         mask = self._masks.get(key)
         if mask is None:
-            mask = self._masks[key] = _bits(self._matcher.compute_bitmask(), self._vocab)
+            mask = _bits(self._matcher.compute_bitmask(), self._vocab)
+            if not mask.any():  # a dead end (should not happen: llguidance keeps the grammar satisfiable)
+                log.warning("grammar allows no token; ending the answer", error=self._matcher.get_error())
+                mask[sorted(self._eos)] = True
+            self._masks[key] = mask
         if consumed:
             self._matcher.rollback(consumed)
         return mask
@@ -186,8 +190,9 @@ class GrammarCompiler:
                 schema = json.loads(grammar.source)
             except json.JSONDecodeError as e:
                 raise InvalidRequestError(f"the JSON schema is not valid JSON: {e}") from e
-            if not isinstance(schema, dict | bool):
-                raise InvalidRequestError("a JSON schema must be a JSON object (or true / false)")
+            if schema is False or not isinstance(schema, dict | bool):
+                raise InvalidRequestError("a JSON schema must be a JSON object or true (false accepts nothing)")
+            schema = {} if schema is True else schema
             try:
                 text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_LAYOUT)
             except (ValueError, TypeError) as e:

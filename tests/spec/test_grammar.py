@@ -67,9 +67,30 @@ def test_rows_follow_the_path_and_a_banned_path_token_keeps_its_parents_mask(let
     assert not state.is_complete([a]) and state.is_complete([a, e, b])
 
 
+def test_a_dead_end_ends_the_answer_instead_of_leaving_no_token():
+    from ssd.sampling.grammar import GrammarState
+
+    class DeadEnd:  # a matcher that allows nothing: every row would be -inf
+        def try_consume_tokens(self, tokens):  # type: ignore[no-untyped-def]
+            return len(tokens)
+
+        def compute_bitmask(self) -> bytes:
+            return bytes(4)  # 32 tokens, none allowed
+
+        def rollback(self, n: int) -> None: ...
+
+        def get_error(self) -> str:
+            return ""
+
+    rows = GrammarState(DeadEnd(), 16, frozenset({EOS})).allowed([3], [[], [4]])
+    assert rows.nonzero().tolist() == [[0, EOS], [1, EOS]]
+
+
 @pytest.mark.parametrize(("grammar", "message"), [
     (Grammar("json_schema", "{"), "not valid JSON"),
     (Grammar("json_schema", '"object"'), "must be a JSON object"),
+    (Grammar("json_schema", "false"), "accepts nothing"),
+    (Grammar("json_schema", '{"type": "integer", "minimum": 5, "maximum": 2}'), "Unsatisfiable"),
     (Grammar("json_schema", '{"type": "objectx"}'), "invalid json_schema"),
     (Grammar("regex", "[a-"), "invalid regex"),
 ])
