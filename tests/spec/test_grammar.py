@@ -134,6 +134,8 @@ def test_greedy_speculation_with_a_grammar_equals_plain(letters, shape):
     llm = _llm(letters, spec)
     assert [o.token_ids for o in llm.generate(prompts, params)] == plain
     assert llm.engine.spec.counters.num_accepted_tokens > 0
+    mixed = [params, SamplingParams(max_tokens=24), params]  # one batch: free text beside grammars
+    assert [o.token_ids for o in llm.generate(prompts, mixed)] == [plain[0], free[1], plain[2]]
 
 
 def test_forced_tokens_are_spliced_into_the_chain(letters):
