@@ -61,9 +61,9 @@ class ResponseFormat(BaseModel):
     def schema_text(self) -> str | None:
         if self.type == "text":
             return None
-        if self.type == "json_object" or self.json_schema is None:
+        if self.type == "json_object":
             return '{"type": "object"}'
-        schema = self.json_schema.json_schema
+        schema = self.json_schema.json_schema  # set: checked by _schema_given
         return json.dumps({} if schema is None else schema)
 
 

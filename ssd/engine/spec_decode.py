@@ -116,8 +116,8 @@ class SpeculativeDecoder:
         if seq.grammar is None:
             return spec
         if spec.is_tree:
-            budget = self.config.tree.budget if self.config.tree is not None else spec.num_tokens
-            tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(), budget)
+            tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(),
+                                                      self.lookahead_slots)  # the KV slots reserved for the round
             return Speculation(tokens, parents)
         chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
         if [t for t, _ in chain] == spec.tokens:

@@ -91,8 +91,7 @@ class GrammarState:
     def _forced(self, mask: torch.Tensor) -> int | None:
         """The one token the mask allows, unless that is the end of the sequence (the verify's bonus then)."""
         allowed = mask.nonzero().flatten()  # [m]
-        token = int(allowed[0]) if len(allowed) == 1 else None
-        return None if token in self._eos else token
+        return int(allowed[0]) if len(allowed) == 1 and int(allowed[0]) not in self._eos else None
 
     def allowed(self, output_ids: list[int], paths: list[list[int]]) -> torch.Tensor:  # [n, V] bool
         """Row i: the tokens the grammar allows after output_ids + paths[i]."""
@@ -111,13 +110,11 @@ class GrammarState:
         diverged = False
         while len(chain) < limit:
             i, mask = len(chain), self._mask_after([t for t, _ in chain])
-            if mask.sum() == 1:
-                token = self._forced(mask)
-                if token is None:
-                    break
-                own = not diverged and i < len(draft) and draft[i] == token
+            forced = self._forced(mask)
+            if forced is not None:
+                token, own = forced, not diverged and i < len(draft) and draft[i] == forced
                 diverged = diverged or not own
-            elif diverged or i >= len(draft):
+            elif diverged or i >= len(draft) or mask.sum() == 1:  # the draft's turn, or only EOS may follow
                 break
             else:
                 token, own = draft[i], True
@@ -143,7 +140,7 @@ class GrammarState:
         queue = [(0, 0)]  # (node of the draft's tree or -1, node of the new tree)
         for old, new in queue:  # the list grows while it is walked: breadth first
             mask = self._mask_after(paths[new])
-            forced = self._forced(mask) if mask.sum() == 1 else None
+            forced = self._forced(mask)
             draft_kids = children[old] if old >= 0 else []
             if forced is not None:
                 picks = [(next((c for c in draft_kids if tokens[c - 1] == forced), -1), forced)]
@@ -157,11 +154,6 @@ class GrammarState:
                 paths.append([*paths[new], token])
                 queue.append((old_child, len(new_tokens)))
         return new_tokens, new_parents
-
-    def is_complete(self, output_ids: list[int]) -> bool:
-        """The answer satisfies the grammar and nothing may follow but the end of the sequence."""
-        self._sync(output_ids)
-        return self._matcher.is_stopped()
 
 
 class GrammarCompiler:
