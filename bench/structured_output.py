@@ -3,8 +3,10 @@
     python -m bench.structured_output --json bench/results/structured_output.json
 
 Eight chat prompts asking for a JSON record (the schema below: strings with maxLength, a boolean, a short
-array), batch 1, greedy, in one process on one thread. Each mode runs them free, under the schema, and under
-the schema without splicing the grammar's forced tokens into the speculation. It reports decode tokens/s,
+array), batch 1, greedy, in one process on one thread. Each mode runs them free and under the schema; a
+speculative mode also under the schema with a draft blind to it (the target still splices forced tokens in),
+and with neither (no splicing, a blind draft: speculation as it was before the grammar helped). It reports
+decode tokens/s,
 tokens per round (and SSD's cache hit rate), and the time spent in the grammar. Free text and JSON answers
 differ in length and content, so compare tok/s within a variant. SSD runs in one process here (answer, then
 build, in turn): its tokens per round and hit rate are the services', its tok/s is not (`ssd bench` is).
@@ -78,11 +80,24 @@ class NoSplicing:
         spec_decode.SpeculativeDecoder._with_forced_tokens = self._real  # type: ignore[method-assign]
 
 
-def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | None, splice: bool = True) -> dict:
+class BlindDraft:
+    """The draft does not see the grammar (proposers get no AnswerGrammar); the target still enforces it."""
+
+    def __enter__(self) -> None:
+        self._real = spec_decode.AnswerGrammar
+        spec_decode.AnswerGrammar = lambda *_: None  # type: ignore[assignment,misc]
+
+    def __exit__(self, *exc: object) -> None:
+        spec_decode.AnswerGrammar = self._real  # type: ignore[misc]
+
+
+def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | None, splice: bool = True,
+             draft_sees: bool = True) -> dict:
     params = SamplingParams(max_tokens=max_tokens, grammar=grammar)
     llm.generate(prompts[0], SamplingParams(max_tokens=4))  # warm-up
     tokens, decode_s, rounds, emitted, valid, hits = 0, 0.0, 0, 0, 0, 0
-    with MaskTimer() as masks, (nullcontext() if splice else NoSplicing()):
+    with (MaskTimer() as masks, (nullcontext() if splice else NoSplicing()),
+          (nullcontext() if draft_sees else BlindDraft())):
         for prompt in prompts:  # batch 1
             began = time.perf_counter()
             out = llm.generate(prompt, params)[0]
@@ -130,10 +145,12 @@ def main() -> None:
         llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)
         prompts = [llm.chat_prompt([{"role": "user", "content": f"Describe {s} as a JSON record."}])
                    for s in SUBJECTS]
-        variants = [("free", None, True), ("json_schema", grammar, True)]
-        variants += [("json_schema_unspliced", grammar, False)] if spec is not None else []
-        for label, g, splice in variants:
-            results[f"{name}/{label}"] = run_mode(llm, prompts, args.max_tokens, g, splice)
+        variants = [("free", None, True, True), ("json_schema", grammar, True, True)]
+        if spec is not None:
+            variants += [("json_schema_blind_draft", grammar, True, False),
+                         ("json_schema_unspliced_blind_draft", grammar, False, False)]
+        for label, g, splice, sees in variants:
+            results[f"{name}/{label}"] = run_mode(llm, prompts, args.max_tokens, g, splice, sees)
             print(name, label, results[f"{name}/{label}"], flush=True)  # noqa: T201 (a benchmark's report)
     if args.json:
         with open(args.json, "w") as f:

@@ -2,7 +2,9 @@
 
 An EAGLE-3 head drafts from its target's features (sent by the target over the session) and its
 target's input embedding, which the draft loads once from the target checkpoint (`--target-model`).
-A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers `ssd` sequences.
+A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers `ssd` sequences, and
+gets a grammar compiler over its tokenizer (the target's, for a head), so it drafts structured output under
+the request's grammar.
 """
 
 from dataclasses import dataclass, replace
@@ -17,11 +19,13 @@ from ssd.errors import CheckpointError, InvalidRequestError
 from ssd.loader.safetensors_loader import checkpoint_files
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
+from ssd.sampling.grammar import GrammarCompiler
 from ssd.spec.draft_model import DraftModelProposer
 from ssd.spec.factory import branch_drafter_for, is_eagle3_folder
 from ssd.spec.ngram import NgramProposer
 from ssd.spec.proposer import Proposer
 from ssd.spec.ssd_speculator import SsdSpeculator
+from ssd.tokenizer import eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +41,7 @@ class ServiceDraft:
     feature_width: int = 0  # F of the target features [n, F] the proposer drafts from; 0 = needs none
     ssd: SsdSpeculator | None = None  # wraps `proposer` for SSD sequences (neural drafts); None = plain SD only
     device: torch.device = torch.device("cpu")  # where the draft's model lives (features are decoded there)
+    grammars: GrammarCompiler | None = None  # compiles a Prefill's grammar; None = drafts ignore grammars
 
 
 def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
@@ -45,16 +50,28 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     device = torch.device(config.device)
     path = resolve_model(config.draft)
     if is_eagle3_folder(path):
-        draft = build_eagle3(path, config)
+        draft, tokenizer_folder = build_eagle3(path, config), resolve_model(str(config.target_model))
     else:
         vocab = load_model_config(path).vocab_size
         draft = ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
                                                 kv_cache_memory_mb=config.kv_cache_memory_mb, device=device),
                              vocab, device=device)
+        tokenizer_folder = path
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
     log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
              backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
-    return replace(draft, ssd=ssd, device=device)
+    return replace(draft, ssd=ssd, device=device, grammars=grammar_compiler(tokenizer_folder))
+
+
+def grammar_compiler(folder: Path) -> GrammarCompiler | None:
+    """Grammars over the tokenizer in `folder` (None without a tokenizer.json: drafts then ignore grammars)."""
+    if not (folder / "tokenizer.json").is_file():
+        log.info("no tokenizer.json beside the draft; structured-output requests are drafted without their grammar",
+                 folder=str(folder))
+        return None
+    model = load_model_config(folder)
+    return GrammarCompiler(folder / "tokenizer.json", model.vocab_size,
+                           eos_token_ids(model.eos_token_ids, load_tokenizer(folder)))
 
 
 def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:

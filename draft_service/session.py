@@ -22,6 +22,7 @@ from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc import torch_tensors
 from rpc.tensors import SessionTensors
 from ssd.errors import InvalidRequestError
+from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
 from ssd.spec.proposer import Proposer, ProposeRequest, TreeShape
 from ssd.spec.speculation import Speculation
 from ssd.spec.ssd_speculator import BuildJob, SsdSpeculator
@@ -40,6 +41,8 @@ class DraftSequence:
     num_features: int = 0  # positions 0.. whose target features arrived, without a gap
     pending: tuple[int, torch.Tensor] | None = None  # (first position, [n, F]) not yet given to the proposer
     is_ssd: bool = False  # answered from the SSD speculation cache (its Prefill asked, and the draft is neural)
+    grammar: GrammarState | None = None  # structured output: the Prefill's grammar, compiled here
+    answer_start: int = 0  # where the answer starts in token_ids (the grammar follows the tokens from there)
 
     def add_features(self, start: int, features: torch.Tensor) -> None:
         """Queue features of positions start..; a gap after the covered positions is never filled."""
@@ -82,8 +85,10 @@ class Session:
     """`ssd` wraps `proposer` (the same neural draft) for SSD sequences; None = the draft serves plain SD only."""
 
     def __init__(self, proposer: Proposer, target_id: str, feature_width: int = 0,
-                 ssd: SsdSpeculator | None = None, device: torch.device | None = None) -> None:
+                 ssd: SsdSpeculator | None = None, device: torch.device | None = None,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.proposer = proposer
+        self.grammars = grammars  # None: grammars in Prefills are ignored (drafts propose unconstrained)
         self.ssd = ssd
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
@@ -113,12 +118,27 @@ class Session:
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
                      target=self.target_id, seq_id=p.seq_id)
         self._features(seq, p)
+        if p.HasField("grammar"):
+            seq.grammar, seq.answer_start = self._grammar(p), p.answer_start
         self.seqs[p.seq_id] = seq
         if self.feature_width and not seq.has_features:
             log.info("no target features for the prompt; this sequence gets no speculation",
                      target=self.target_id, seq_id=p.seq_id, num_tokens=len(seq.token_ids),
                      num_features=seq.num_features)
         return seq
+
+    def _grammar(self, p: draft_pb2.Prefill) -> GrammarState | None:
+        """The Prefill's grammar compiled here; None when this draft cannot (it then drafts without it: the
+        target enforces the grammar either way)."""
+        kind = p.grammar.WhichOneof("kind")
+        if self.grammars is None or kind is None or not 0 <= p.answer_start <= len(p.token_ids):
+            return None
+        try:
+            return self.grammars.compile(Grammar(kind, getattr(p.grammar, kind)))
+        except InvalidRequestError as e:  # the target compiled it: a different llguidance or tokenizer here
+            log.warning("cannot compile the sequence's grammar; drafting without it", target=self.target_id,
+                        seq_id=p.seq_id, error=str(e))
+            return None
 
     def _outcome(self, o: draft_pb2.Outcome) -> DraftSequence:
         seq = self.seqs.get(o.seq_id)
@@ -222,8 +242,9 @@ class Session:
 
     def _request(self, seq: DraftSequence, k: int, tree: TreeShape | None) -> ProposeRequest:
         features_start, features = seq.take_features()  # [n, F] or None
+        grammar = AnswerGrammar(seq.grammar, seq.token_ids[seq.answer_start :]) if seq.grammar is not None else None
         return ProposeRequest(seq.internal_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
-                              features, features_start, ssd=seq.is_ssd)
+                              features, features_start, ssd=seq.is_ssd, grammar=grammar)
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

@@ -51,7 +51,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                       context: aio.ServicerContext) -> AsyncIterator[draft_pb2.SessionResponse]:
         key = uuid.uuid4().hex
         session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width, ssd=self.ssd,
-                          device=self.draft.device)
+                          device=self.draft.device, grammars=self.draft.grammars)
         self.sessions[key] = session
         context.add_done_callback(lambda _: self._end_session(key))
         bound = log.bind(session=key[:8])

@@ -156,8 +156,13 @@ class RemoteProposer:
         """Add the sequence's Prefill (new to the draft) or Outcome (the delta) to the round."""
         state = session.known.get(r.seq_id)
         if state is None:
-            return round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
-                                       seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF, ssd=r.ssd)
+            prefill = round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
+                                          seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF, ssd=r.ssd)
+            grammar = r.grammar.state.grammar if r.grammar is not None else None
+            if grammar is not None:  # the draft compiles it too, to propose only what it allows
+                prefill.grammar.CopyFrom(common_pb2.Grammar(**{grammar.kind: grammar.source}))
+                prefill.answer_start = len(r.token_ids) - len(r.grammar.output_ids)
+            return prefill
         new = r.token_ids[state.num_sent :]
         k = 0
         while k < min(len(state.last_tokens), len(new) - 1) and state.last_tokens[k] == new[k]:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.letter_models import write_letter_models
 from tests.tiny_models import write_tiny_checkpoint
 
 
@@ -17,6 +18,13 @@ def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llama")
     write_tiny_checkpoint(folder, "llama")
     return folder
+
+
+@pytest.fixture(scope="session")
+def letters(tmp_path_factory):
+    """(target folder, draft folder, target HF model in float64): tiny Llamas over the letter tokenizer."""
+    target, draft = tmp_path_factory.mktemp("letters-target"), tmp_path_factory.mktemp("letters-draft")
+    return target, draft, write_letter_models(target, draft)
 
 
 @pytest.fixture(scope="session")

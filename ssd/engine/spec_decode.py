@@ -13,6 +13,7 @@ from ssd.context import ForwardMode
 from ssd.engine.model_runner import ForwardItem, ModelRunner
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
+from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
@@ -58,8 +59,9 @@ class SpeculativeDecoder:
         p = seq.params
         dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
         start, features = self.features.pop(seq.seq_id, (0, None))
+        grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
-                              features, start, ssd=p.ssd)
+                              features, start, ssd=p.ssd, grammar=grammar)
 
     def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
         start = seq.num_cached_tokens  # the last committed token's position: the root

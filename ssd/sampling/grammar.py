@@ -7,6 +7,10 @@ wherever the target's distribution is formed (plain sampling and verification), 
 distribution restricted to the grammar, and speculation stays exact: a draft token the grammar bans has p = 0
 and is never accepted. When the grammar is complete only the end-of-sequence tokens remain allowed.
 
+Proposers see the grammar too (`AnswerGrammar`, in each ProposeRequest): a draft that only proposes allowed
+tokens drafts the forced ones itself and never wastes a position on a banned one. That is a matter of speed
+only: the target's masking alone keeps the answer exact, whatever the draft proposes.
+
 Token masks come from llguidance (a Rust matcher over the tokenizer's vocabulary, ~0.1 ms per token here).
 """
 
@@ -55,7 +59,9 @@ class GrammarState:
     """One request's matcher. Every call names the committed answer; the state follows it (no commit hook).
     Masks are memoized per path until the answer grows, so the verify's rows reuse the splicing's."""
 
-    def __init__(self, matcher, vocab: int, eos_ids: frozenset[int]) -> None:  # noqa: ANN001 (llguidance.LLMatcher)
+    def __init__(self, matcher, vocab: int, eos_ids: frozenset[int],  # noqa: ANN001 (llguidance.LLMatcher)
+                 grammar: Grammar | None = None) -> None:
+        self.grammar = grammar  # the source it was compiled from (a remote draft compiles it again)
         self._matcher = matcher
         self._vocab = vocab
         self._eos = eos_ids
@@ -156,6 +162,28 @@ class GrammarState:
         return new_tokens, new_parents
 
 
+@dataclass(frozen=True)
+class AnswerGrammar:
+    """A request's grammar where its answer stands, as a proposer sees it: which tokens may follow the answer
+    and then a draft path."""
+
+    state: GrammarState
+    output_ids: list[int]  # the committed answer (the prompt excluded)
+
+    def allowed(self, paths: list[list[int]]) -> torch.Tensor:  # [n, V] bool
+        return self.state.allowed(self.output_ids, paths)
+
+    def constrain(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """logits [n, V] with -inf where row i's path may not go on; a new tensor. A row whose finite logits are
+        all banned (a draft with a trimmed vocabulary) becomes uniform over the allowed tokens."""
+        allowed = self.allowed(paths).to(logits.device)  # [n, V]
+        out = logits.masked_fill(~allowed, float("-inf"))
+        stuck = torch.isneginf(out).all(dim=-1)  # [n]
+        if stuck.any():
+            out[stuck] = torch.zeros_like(out[stuck]).masked_fill(~allowed[stuck], float("-inf"))
+        return out
+
+
 class GrammarCompiler:
     """Builds matchers for one tokenizer; the tokenizer index (~0.3 s) is made on the first grammar."""
 
@@ -198,4 +226,4 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"invalid {grammar.kind}: {matcher.get_error()}")
-        return GrammarState(matcher, self._vocab, frozenset(self._eos))
+        return GrammarState(matcher, self._vocab, frozenset(self._eos), grammar)

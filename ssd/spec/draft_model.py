@@ -16,7 +16,7 @@ from ssd.context import ForwardMode
 from ssd.engine.model_runner import ForwardItem
 from ssd.engine.model_worker import ModelWorker
 from ssd.errors import InvalidRequestError
-from ssd.spec.draft_sampling import pick_tokens
+from ssd.spec.draft_sampling import constrain_rows, pick_tokens
 from ssd.spec.proposer import ProposeRequest, TreeShape
 from ssd.spec.speculation import Speculation
 
@@ -97,8 +97,9 @@ class DraftModelProposer:
         tokens: list[list[int]] = [[] for _ in requests]
         qs: list[list[torch.Tensor | None]] = [[] for _ in requests]
         temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
-        scales = [r.saguaro for r in requests]
+        scales, grammars = [r.saguaro for r in requests], [r.grammar for r in requests]
         for step in range(k):
+            logits = constrain_rows(logits, grammars, tokens)
             picked, q_rows = pick_tokens(logits, temps, gens, scales, step)
             for i, (t, q) in enumerate(zip(picked, q_rows, strict=True)):
                 tokens[i].append(t)
@@ -126,12 +127,16 @@ class DraftModelProposer:
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = [0.0]  # cumulative log-probability per node, root first
+        paths: list[list[int]] = [[]]  # per node, root first: its tokens from the root
         frontier = [0]
         for depth in range(1, depth_limit + 1):
+            if r.grammar is not None:
+                logprobs = r.grammar.constrain(logprobs, [paths[node] for node in frontier])
             cand = []
             for row, node in enumerate(frontier):
                 top = torch.topk(logprobs[row], shape.top_k)
-                cand.extend((scores[node] + float(v), node, int(t)) for v, t in zip(top.values, top.indices, strict=True))
+                cand.extend((scores[node] + float(v), node, int(t))
+                            for v, t in zip(top.values, top.indices, strict=True) if v > float("-inf"))
             cand.sort(key=lambda c: -c[0])
             cand = cand[: shape.budget - len(tokens)]
             if not cand:
@@ -141,6 +146,7 @@ class DraftModelProposer:
                 tokens.append(token)
                 parents.append(parent)
                 scores.append(score)
+                paths.append([*paths[parent], token])
             frontier = list(range(first_new, len(tokens) + 1))
             if depth == depth_limit or len(tokens) >= shape.budget:
                 break

@@ -1,7 +1,9 @@
-"""How a proposer picks a draft token from its logits: argmax, or a draw from q at the draft temperature."""
+"""How a proposer picks a draft token from its logits: argmax, or a draw from q at the draft temperature
+(after masking what a structured-output grammar bans there)."""
 
 import torch
 
+from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.sampler import sample_from
 from ssd.spec.saguaro import SaguaroScale
 
@@ -33,3 +35,15 @@ def pick_tokens(
         tokens.append(int(sample_from(q[None], generators[i])[0]))
         qs.append(q)
     return tokens, qs
+
+
+def constrain_rows(logits: torch.Tensor, grammars: list[AnswerGrammar | None],
+                   paths: list[list[int]]) -> torch.Tensor:
+    """logits [B, V] with row i limited to what grammars[i] allows after paths[i] (rows without one unchanged)."""
+    if all(g is None for g in grammars):
+        return logits
+    logits = logits.clone()
+    for i, (grammar, path) in enumerate(zip(grammars, paths, strict=True)):
+        if grammar is not None:
+            logits[i] = grammar.constrain(logits[i : i + 1], [path])[0]
+    return logits

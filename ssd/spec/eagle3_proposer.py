@@ -55,6 +55,13 @@ class Eagle3Proposer:
             )
         self.feature_layers = tuple(hc.aux_layers)
         self.seqs: dict[int, _HeadSeq] = {}
+        self._target_ids = self.head.to_target_ids(torch.arange(hc.draft_vocab_size))  # [Vd] on CPU
+
+    def _allowed(self, r: ProposeRequest, paths: list[list[int]]) -> torch.Tensor:  # [n, Vd] bool
+        """Draft tokens r's grammar allows after each path (all of them without a grammar)."""
+        if r.grammar is None:
+            return torch.ones(len(paths), len(self._target_ids), dtype=torch.bool)
+        return r.grammar.allowed(paths)[:, self._target_ids]
 
     def commit(self, seq_id: int, num_committed: int) -> None:
         pass  # real features arrive with the next propose; drafted positions are truncated then
@@ -110,23 +117,34 @@ class Eagle3Proposer:
 
     @torch.inference_mode()
     def _chains(self, requests: list[ProposeRequest]) -> list[Speculation]:
-        """Chain drafts: catch-up per sequence, then one head forward per step for every sequence still drafting."""
+        """Chain drafts: catch-up per sequence, then one head forward per step for every sequence still drafting.
+        A chain under a grammar ends early where no draft-vocabulary token is allowed (the target splices a
+        forced token there itself)."""
         caches, hidden, logprobs = [], [], []
         for r in requests:
             state, h, lp = self._catch_up(r)
             caches.append(state.cache)
             hidden.append(h)  # [d]
             logprobs.append(lp)  # [Vd]
+        limits = [r.num_tokens for r in requests]
         tokens: list[list[int]] = [[] for _ in requests]
         qs: list[list[torch.Tensor]] = [[] for _ in requests]
-        for step in range(max((r.num_tokens for r in requests), default=0)):
-            active = [i for i, r in enumerate(requests) if step < r.num_tokens]
-            for i in active:
-                token, q = self._pick(requests[i], step, logprobs[i])
+        for step in range(max(limits, default=0)):
+            active = [i for i in range(len(requests)) if step < limits[i]]
+            for i in list(active):
+                r = requests[i]
+                if r.grammar is not None:
+                    allowed = self._allowed(r, [tokens[i]])[0]  # [Vd]
+                    if not allowed.any():
+                        limits[i] = step
+                        active.remove(i)
+                        continue
+                    logprobs[i] = logprobs[i].masked_fill(~allowed, float("-inf"))
+                token, q = self._pick(r, step, logprobs[i])
                 tokens[i].append(token)
                 if q is not None:
                     qs[i].append(q)
-            active = [i for i in active if step < requests[i].num_tokens - 1]  # the last token needs no forward
+            active = [i for i in active if step < limits[i] - 1]  # the last token needs no forward
             if not active:
                 break
             outs, logits = self.head.decode_step([tokens[i][-1] for i in active], [hidden[i] for i in active],
@@ -142,7 +160,8 @@ class Eagle3Proposer:
         for r in requests:
             state, hidden, logprobs = self._catch_up(r)
             depth_limit = min(r.num_tokens, r.tree.depth) if r.tree is not None else 0
-            trees.append(TokenTree(r.tree, depth_limit, state.cache.length, hidden, logprobs))
+            allowed = (lambda paths, r=r: self._allowed(r, paths)) if r.grammar is not None else None
+            trees.append(TokenTree(r.tree, depth_limit, state.cache.length, hidden, logprobs, allowed))
             caches.append(state.cache)
         growing = list(range(len(trees)))
         while growing := [i for i in growing if trees[i].grow(self.head.to_target_ids)]:

@@ -4,7 +4,8 @@ Selection is EAGLE-2 style: the children tried at a depth are the top-k of every
 of them by cumulative draft log-probability fill what is left of the node budget. Expanding a depth appends
 its nodes' keys to the sequence's head cache after the rows already there (scratch: the next catch-up
 truncates them); a node attends to the real positions, its expanded ancestors and itself. Every depth is
-expanded whole, so node i (1-based) sits at cache row prefix + i - 1.
+expanded whole, so node i (1-based) sits at cache row prefix + i - 1. Under a structured-output grammar only the
+children it allows are tried.
 """
 
 from collections.abc import Callable
@@ -27,9 +28,11 @@ class _Node:
 
 class TokenTree:
     def __init__(self, shape: TreeShape, depth_limit: int, prefix: int, hidden: torch.Tensor,
-                 logprobs: torch.Tensor) -> None:
-        """`prefix`: head cache rows of real positions; `hidden` [d] / `logprobs` [Vd]: the head after them."""
+                 logprobs: torch.Tensor, allowed: Callable[[list[list[int]]], torch.Tensor] | None = None) -> None:
+        """`prefix`: head cache rows of real positions; `hidden` [d] / `logprobs` [Vd]: the head after them;
+        `allowed(paths)` [n, Vd] bool: the draft tokens a grammar allows after each path of target ids."""
         self.shape, self.depth_limit, self.prefix = shape, depth_limit, prefix
+        self.allowed = allowed
         self.nodes = [_Node(-1, -1, 0.0, hidden, logprobs)]
         self.frontier = [0]
         self.depth = 0
@@ -41,11 +44,15 @@ class TokenTree:
             return False
         self.depth += 1
         cand = []  # (score, parent, draft id)
-        for node_id in self.frontier:
+        allowed = self.allowed([self.path(i) for i in self.frontier]) if self.allowed is not None else None
+        for row, node_id in enumerate(self.frontier):
             logprobs = self.nodes[node_id].logprobs
+            if allowed is not None:
+                logprobs = logprobs.masked_fill(~allowed[row], float("-inf"))
             top = torch.topk(logprobs, min(self.shape.top_k, logprobs.numel()))
             score = self.nodes[node_id].score
-            cand.extend((score + v, node_id, t) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True))
+            cand.extend((score + v, node_id, t) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                        if v > float("-inf"))
         cand.sort(key=lambda c: -c[0])
         cand = cand[: self.shape.budget - (len(self.nodes) - 1)]
         tokens = to_target_ids(torch.tensor([c[2] for c in cand], dtype=torch.long)).tolist()
@@ -54,6 +61,14 @@ class TokenTree:
             self.nodes.append(_Node(token, parent, score))
             self.frontier.append(len(self.nodes) - 1)
         return bool(self.frontier) and self.depth < self.depth_limit and len(self.nodes) - 1 < self.shape.budget
+
+    def path(self, node_id: int) -> list[int]:
+        """The target ids from the root to the node."""
+        path = []
+        while node_id > 0:
+            path.append(self.nodes[node_id].token)
+            node_id = self.nodes[node_id].parent
+        return path[::-1]
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The frontier's head inputs: (token ids [n], parent out_hidden [n, d], positions [n],

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from ssd.errors import InvalidRequestError
+from ssd.sampling.grammar import AnswerGrammar
 from ssd.spec.saguaro import SaguaroScale
 from ssd.spec.speculation import Speculation
 
@@ -45,6 +46,7 @@ class ProposeRequest:
     features_start: int = 0  # the position of the first row of `features`
     saguaro: SaguaroScale | None = None  # SSD: scale the draft's top probabilities before sampling (and in q)
     ssd: bool = False  # the request's mode is SSD (a remote draft answers it from its speculation cache)
+    grammar: AnswerGrammar | None = None  # structured output: propose only what the grammar allows (speed only)
 
 
 class Proposer(Protocol):

@@ -241,13 +241,16 @@ class SsdSpeculator:
         state = self.seqs[p.request.seq_id]
         spec = p.spec.tokens
         shape = self.shape(bool(p.spec.cache_hit), len(spec), config)
-        top = logits.topk(min(RANKED_GUESSES + 1, logits.shape[-1]), dim=-1).indices.tolist()  # [m+1, 17]
+        if p.request.grammar is not None:  # structured output: guess only bonus tokens the grammar allows
+            logits = p.request.grammar.constrain(logits, [spec[:j] for j in range(len(logits))])
+        top = logits.topk(min(RANKED_GUESSES + 1, logits.shape[-1]), dim=-1)  # [m+1, 17]
         estimator = self.after_hit if p.spec.cache_hit else self.after_miss
         a = estimator.a
         fork_points, tokens, predicted = [], [], 0.0
-        for j, row in enumerate(top):
+        for j, (row, values) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True)):
             excluded = spec[j] if j < len(spec) else None
-            ranked = [t for t in row if t != excluded][:RANKED_GUESSES]
+            ranked = [t for t, v in zip(row, values, strict=True) if t != excluded and v > float("-inf")]
+            ranked = ranked[:RANKED_GUESSES]
             state.guesses.append(ranked)
             chosen = ranked[: shape[j]]
             fork_points.extend([j] * len(chosen))
@@ -262,14 +265,21 @@ class SsdSpeculator:
         qs: list[list[torch.Tensor]] = [[] for _ in branches]  # [request][depth] -> [M, V]
         depth = max(p.request.num_tokens for p in owners)
         hit_shape = self.shape(True, depth, config)
+        paths = [[[*p.spec.tokens[:j], guess] for j, guess in zip(b.fork_points, b.tokens, strict=True)]
+                 if p.request.grammar is not None else [] for b, p in zip(branches, owners, strict=True)]
 
         def pick(i: int, d: int, logits: torch.Tensor) -> list[int]:  # logits [M, V]
             r = owners[i].request
+            if r.grammar is not None:  # each branch's path: the speculation up to its fork, its guess, its tokens
+                logits = r.grammar.constrain(logits, paths[i])
             if r.temperature <= 0:
-                return logits.argmax(dim=-1).tolist()
-            top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
-            tokens, q = sample_branch_tokens(logits, r.temperature, top, config.saguaro_c, r.generator)
-            qs[i].append(q)
+                tokens = logits.argmax(dim=-1).tolist()
+            else:
+                top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
+                tokens, q = sample_branch_tokens(logits, r.temperature, top, config.saguaro_c, r.generator)
+                qs[i].append(q)
+            for path, token in zip(paths[i], tokens, strict=False):  # no paths without a grammar
+                path.append(token)
             return tokens
 
         results = self.drafter.decode_branches(branches, depth, pick)

@@ -2,8 +2,6 @@
 greedy speculation with a grammar equals plain greedy decoding with it, and speculative sampling follows the
 target's distribution restricted to the grammar (chi-square; a verifier that masks only the root row is caught)."""
 
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,40 +12,13 @@ from ssd.sampling.grammar import Grammar, GrammarCompiler
 from ssd.sampling.params import SamplingParams
 from ssd.spec import config as spec_config
 from ssd.spec.proposer import TreeShape
+from tests.letter_models import EOS, LETTERS
 from tests.spec.exact_distribution import chi_square_pvalue
-from tests.tiny_models import write_tiny_checkpoint
 
-LETTERS = "abcdefghijklmn"  # token i + 2 is LETTERS[i]; 0 = <s>, 1 = </s> (EOS)
-EOS = 1
 REGEX = "[ce-k]h[e-k]?[h-k]"  # 3 or 4 letters; "h" is forced (spliced into chains); the draft proposes some others
 PROMPT = [3, 7, 2, 9]
 TEMP = 0.9
 NUM_RUNS = 4000
-
-
-def write_letter_tokenizer(folder: Path) -> None:
-    """A 16-token byte-level tokenizer: one token per letter, no merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<s>": 0, "</s>": 1, **{ch: i + 2 for i, ch in enumerate(LETTERS)}}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<s>", "</s>"])
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
-
-
-@pytest.fixture(scope="module")
-def letters(tmp_path_factory):  # noqa: ANN201
-    """(target folder, draft folder, target HF model in float64): tiny Llamas over the letter tokenizer."""
-    target, draft = tmp_path_factory.mktemp("gt"), tmp_path_factory.mktemp("gd")
-    hf = write_tiny_checkpoint(target, "llama", seed=0, vocab_size=16, initializer_range=0.3)
-    write_tiny_checkpoint(draft, "llama", seed=5, vocab_size=16, num_hidden_layers=1, initializer_range=0.3)
-    for folder in (target, draft):
-        write_letter_tokenizer(folder)
-    return target, draft, hf.double()
 
 
 def _text(ids: list[int]) -> str:
@@ -169,6 +140,7 @@ def test_a_tree_is_held_to_the_grammar_with_its_forced_tokens_spliced_in(letters
 def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkeypatch, shape):
     from ssd.engine import spec_decode
 
+    monkeypatch.setattr(spec_decode, "AnswerGrammar", lambda *_: None)  # a draft blind to the grammar
     params = SamplingParams(max_tokens=24, grammar=Grammar("regex", "[a-n]{2,4}(cdefghij|klm)[a-n]{2,4}"))
     prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
     plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
