@@ -94,7 +94,8 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         n, candidates = sampling.n or 1, sampling.candidates()
         out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, sampling.wanted_logprobs()
                              is not None, generator.tokenizer,
-                             None if echoes is None else [e for e in echoes for _ in range(n)])
+                             None if echoes is None else [e for e in echoes for _ in range(n)],
+                             sampling.tool_plan() if isinstance(sampling, ChatCompletionRequest) else None)
         reqs = [c for r in prompts for c in choice_requests(r, candidates)]
         if not sampling.stream:
             done = await unless_disconnected(complete_all(generator, reqs), request.receive)
@@ -164,10 +165,11 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.for_template() for m in body.messages]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = _params(body, max_tokens, body.wanted_logprobs())
-        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode)
+        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode,
+                          tools=body.template_tools())
         return await run(request, req.request_id, [req], body, chat=True)
 
     return app

@@ -1,7 +1,9 @@
 """The OpenAI response bodies of one request: the whole completion, or its stream chunks (chat or completions).
 
 One `OpenAIResponse` per request holds what every body repeats (id, object, created, model) and the per-choice
-state a stream needs (completions' logprobs count characters across chunks).
+state a stream needs (completions' logprobs count characters across chunks; a tool call's text until it is whole).
+With function calling (a `ToolPlan`) a chat answer is returned as `tool_calls`: a named call's arguments stream as
+they come; "required" calls are sent whole with the last chunk.
 """
 
 import time
@@ -11,6 +13,7 @@ from gateway.choices import combined
 from gateway.generation import TextDelta
 from gateway.logprobs_format import chat_logprobs, completion_logprobs, merged
 from gateway.tokenizer import TextTokenizer
+from gateway.tool_calls import ToolPlan, tool_call
 
 
 def usage(d: TextDelta) -> dict:
@@ -27,8 +30,10 @@ def usage(d: TextDelta) -> dict:
 
 class OpenAIResponse:
     def __init__(self, request_id: str, model: str, chat: bool, num_choices: int, wants_logprobs: bool,
-                 tokenizer: Callable[[], TextTokenizer], echoes: list[str] | None = None) -> None:
-        """`echoes`: completions' echo=true: per choice, the prompt text its text (and logprobs) starts with."""
+                 tokenizer: Callable[[], TextTokenizer], echoes: list[str] | None = None,
+                 tools: ToolPlan | None = None) -> None:
+        """`echoes`: completions' echo=true: per choice, the prompt text its text (and logprobs) starts with.
+        `tools`: chat answers are tool calls."""
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = self.object + (".chunk" if chat else "")
@@ -38,6 +43,9 @@ class OpenAIResponse:
         self.text_offsets = [0] * num_choices  # completions' logprobs count characters across chunks
         self.echoes = echoes
         self.echoed = [False] * num_choices  # streams echo the prompt in each choice's first chunk
+        self.tools = tools if chat else None
+        self.call_text = [""] * num_choices  # streamed tool calls: each choice's answer so far
+        self.call_ids: list[str | None] = [None] * num_choices  # a streamed named call's id, once opened
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -69,7 +77,12 @@ class OpenAIResponse:
         for i, d in enumerate(done):
             text, logprobs = self._text_and_logprobs(i, d)
             choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
-            choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+            calls = self.tools.calls(text) if self.tools is not None else None
+            if calls is not None:
+                choice |= {"message": {"role": "assistant", "content": None, "tool_calls": calls},
+                           "finish_reason": self.tools.finish_reason(d.finish_reason)}
+            else:
+                choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
             choices.append(choice)
         return self._head(self.object) | {"choices": choices, "usage": usage(combined(groups))}
 
@@ -81,8 +94,28 @@ class OpenAIResponse:
     def chunk(self, i: int, d: TextDelta) -> dict:
         text, logprobs = self._text_and_logprobs(i, d)
         choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
-        choice |= {"delta": {"content": text}} if self.chat else {"text": text}
+        if self.tools is not None:
+            choice["delta"], choice["finish_reason"] = self._call_delta(self.tools, i, text, d.finish_reason)
+        else:
+            choice |= {"delta": {"content": text}} if self.chat else {"text": text}
         return self._head(self.chunk_object) | {"choices": [choice]}
+
+    def _call_delta(self, plan: ToolPlan, i: int, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """A tool-call stream's delta and finish reason: a named call opens with its id and name, then streams
+        its arguments; "required" calls are held until the answer is whole (then sent, or its text if cut off)."""
+        self.call_text[i] += text
+        if plan.named is not None:
+            if self.call_ids[i] is None:
+                call = tool_call(plan.named, text)
+                self.call_ids[i] = call["id"]
+                return {"tool_calls": [{"index": 0, **call}]}, finish_reason
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}, finish_reason
+        if finish_reason is None:
+            return {}, None
+        calls = plan.calls(self.call_text[i])
+        if calls is None:
+            return {"content": self.call_text[i]}, finish_reason
+        return {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}, plan.finish_reason(finish_reason)
 
     def usage_chunk(self, groups: list[list[TextDelta]]) -> dict:
         """`stream_options.include_usage`: a last chunk without choices, usage over all of them (a group per prompt)."""

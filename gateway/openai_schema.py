@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from gateway.errors import InvalidRequest
+from gateway.tool_calls import Tool, ToolCall, ToolChoice, ToolPlan, plan_tools
 from protos.ssd.v1 import common_pb2
 
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
@@ -30,9 +31,7 @@ TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]  # fits the wire's int32; 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
-    "tools": (None, []),
-    "functions": (None, []),
-    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),  # the deprecated forms of tools / tool_choice
     "function_call": (None, "none", "auto"),
 }
 
@@ -94,9 +93,7 @@ class _Sampling(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     suffix: Any = None
-    tools: Any = None
     functions: Any = None
-    tool_choice: Any = None
     function_call: Any = None
     response_format: ResponseFormat | None = None  # structured output (json_object, json_schema)
     guided_json: dict[str, Any] | str | None = None  # extension (vLLM): a JSON schema the answer follows
@@ -149,6 +146,16 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # candidates; the n likeliest are returned
     echo: StrictBool = False  # the prompt leads the text (and, with logprobs, the logprobs: its first token unscored)
+    tools: Any = None  # chat options, refused here unless neutral
+    tool_choice: Any = None
+
+    @field_validator("tools", "tool_choice")
+    @classmethod
+    def _chat_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
+        if value not in (None, [], "none", "auto"):
+            raise ValueError(f"{info.field_name} is not supported on /v1/completions: function calling is a "
+                             "/v1/chat/completions option")
+        return value
 
     def candidates(self) -> int:
         return self.best_of or self.n or 1
@@ -172,11 +179,37 @@ class ContentPart(BaseModel):
 
 
 class Message(BaseModel):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[ContentPart]
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None  # None only for an assistant message that called tools
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    @model_validator(mode="after")
+    def _complete(self) -> "Message":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (HF conventions)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class ChatCompletionRequest(_Sampling):
@@ -186,6 +219,9 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Any = None  # completions options, refused here unless neutral
     echo: Any = None
+    tools: list[Tool] | None = None  # function calling (gateway/tool_calls.py)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool = True  # "required" may answer with several calls
 
     @field_validator("best_of", "echo")
     @classmethod
@@ -207,3 +243,19 @@ class ChatCompletionRequest(_Sampling):
 
     def wanted_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def tool_plan(self) -> ToolPlan | None:
+        return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools for the chat template: only when the answer is tool calls."""
+        return [t.model_dump(exclude_none=True) for t in self.tools or []] if self.tool_plan() else None
+
+    def grammar(self) -> common_pb2.Grammar | None:
+        plan, asked = self.tool_plan(), super().grammar()
+        if plan is None:
+            return asked
+        if asked is not None:
+            raise InvalidRequest("a tool choice answers in tool calls; it cannot be combined with response_format "
+                                 "or guided_json / guided_regex", param="tool_choice")
+        return common_pb2.Grammar(json_schema=json.dumps(plan.schema))

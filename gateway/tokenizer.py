@@ -4,6 +4,7 @@ Matches the engine's tokenizer: encode without special tokens, decode skipping t
 template rendered as transformers renders it (sandboxed, trim_blocks, lstrip_blocks).
 """
 
+import json
 from typing import Any
 
 import jinja2
@@ -11,6 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from gateway.errors import InvalidRequest
+from gateway.tool_calls import tools_message
 from protos.ssd.v1 import target_pb2
 
 
@@ -25,6 +27,8 @@ class TextTokenizer:
         self._tok = Tokenizer.from_str(files.tokenizer_json.decode())
         self.bos_token, self.eos_token = files.bos_token, files.eos_token
         self._template = None
+        self.template_knows_tools = "tools" in files.chat_template  # renders `tools` itself
+        self.template_knows_tool_calls = "tool_calls" in files.chat_template  # renders assistant tool calls
         if files.chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
@@ -41,14 +45,41 @@ class TextTokenizer:
         """One token's text, special tokens included (a piece of a multi-byte character decodes to U+FFFD)."""
         return self._tok.decode([token_id], skip_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The template rendered for the next assistant turn. `tools` (function calling) go to the template, or,
+        when it does not render tools, into a system message; past tool calls into the assistant's content
+        likewise."""
         if self._template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions with a prompt")
+        if not self.template_knows_tool_calls:
+            messages = [with_calls_as_text(m) for m in messages]
+        if tools and not self.template_knows_tools:
+            messages, tools = with_tools_message(messages, tools), None
+        extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(messages=messages, add_generation_prompt=True,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except jinja2.TemplateError as e:
             raise InvalidRequest(f"the chat template rejected the messages: {e}") from e
+
+
+def with_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool calls written into its content, as JSON (for a template that drops them)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = json.dumps([{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                        for c in message["tool_calls"]])
+    content = f"{message['content']}\n{calls}" if message.get("content") else calls
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
+
+
+def with_tools_message(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools described in the system message (added after the conversation's own system text, if any)."""
+    described = tools_message(tools)
+    if messages and messages[0]["role"] == "system":
+        first = messages[0] | {"content": f"{messages[0]['content']}\n\n{described['content']}"}
+        return [first, *messages[1:]]
+    return [described, *messages]
 
 
 class IncrementalDetokenizer:

@@ -5,6 +5,7 @@ sample the bonus token exactly (ssd/spec/verification.py), keep only the accepte
 hand the proposer what it needs for the next round (committed length, target features).
 """
 
+import dataclasses
 import time
 
 import torch
@@ -120,7 +121,7 @@ class SpeculativeDecoder:
         if spec.is_tree:
             tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(),
                                                       self.lookahead_slots)  # the KV slots reserved for the round
-            return Speculation(tokens, parents)
+            return dataclasses.replace(spec, tokens=tokens, parents=parents, q=None)
         chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
         if [t for t, _ in chain] == spec.tokens:
             return spec
@@ -132,7 +133,7 @@ class SpeculativeDecoder:
                     q[i] = spec.q[i]
                 else:
                     q[i, token] = 1.0
-        return Speculation([t for t, _ in chain], None, q)
+        return dataclasses.replace(spec, tokens=[t for t, _ in chain], q=q)  # an SSD cache hit stays one
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""

@@ -16,11 +16,16 @@ MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="session")
-def tiny_draft(tmp_path_factory) -> Path:
+def tiny_draft(tmp_path_factory, default_model_path) -> Path:
+    """A random draft with the default model's vocabulary and tokenizer (so it drafts under a request's grammar)."""
+    import shutil
+
     from tests.tiny_models import write_tiny_checkpoint
 
     folder = tmp_path_factory.mktemp("tiny-draft")
     write_tiny_checkpoint(folder, "llama", vocab_size=49152, max_position_embeddings=8192)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_path / name, folder / name)
     return folder
 
 

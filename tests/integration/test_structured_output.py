@@ -1,6 +1,6 @@
 """Structured output through the real services: the `openai` client's response_format (json_schema and
 json_object) and the vLLM-style guided_regex give valid answers equal to the offline engine's, in every mode
-(the main stack's draft knows nothing of the grammar: the target's masks alone keep the answer exact), over
+(the draft service compiles the grammar too and drafts under it; the target's masks keep the answer exact), over
 the public gRPC API too; a bad schema is a 400 that leaves the service serving."""
 
 import json
@@ -45,6 +45,8 @@ def test_json_schema_answers_are_valid_and_equal_the_offline_engine(stack, offli
         extra_body={"mode": mode})
     assert reply.choices[0].message.content == expected
     assert reply.choices[0].finish_reason == "stop"
+    if mode != "ar":  # the draft service compiled the grammar to draft under it
+        assert "grammar tokenizer ready" in (stack.config.log_dir / "draft.log").read_text()
 
 
 def test_json_object_and_guided_regex(stack, offline_greedy):

@@ -95,3 +95,17 @@ def test_ssd_sampling_with_a_grammar_matches_the_masked_target(letters):
     spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=2, k_schedule=((1024, 2),),
                                          ssd=spec_config.SsdConfig(saguaro_c=0.5))
     assert chi_square_pvalue(_samples(letters, spec), exact) > 0.001
+
+
+def test_splicing_keeps_an_ssd_cache_hit_a_hit(letters):
+    """The target's splicing changes what the draft answered from its cache; it still counts as a hit."""
+    from types import SimpleNamespace
+
+    from ssd.spec.speculation import Speculation
+
+    state = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})).compile(Grammar("regex", "abc[d-f]"))
+    a, b, c, d = 2, 3, 4, 5
+    spec = Speculation([a, d, c], cache_hit=True, predicted_hit=0.5)
+    out = spec_decode.SpeculativeDecoder._with_forced_tokens(None, SimpleNamespace(grammar=state, output_token_ids=[]),
+                                                             spec, 3)
+    assert out.tokens == [a, b, c] and out.cache_hit and out.predicted_hit == 0.5
