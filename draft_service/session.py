@@ -147,6 +147,8 @@ class Session:
         if not 0 <= o.num_committed_before <= len(seq.token_ids):
             raise ValueError(f"sequence {o.seq_id}: num_committed_before {o.num_committed_before} "
                              f"is past the {len(seq.token_ids)} tokens the draft holds")
+        if seq.grammar is not None and o.num_committed_before < len(seq.token_ids):
+            seq.grammar = None  # its matcher cannot step back over dropped tokens: draft on without it
         del seq.token_ids[o.num_committed_before :]
         seq.token_ids.extend(o.new_token_ids)
         seq.num_features = min(seq.num_features, o.num_committed_before)  # features past it were of dropped tokens

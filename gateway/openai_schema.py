@@ -98,6 +98,7 @@ class _Sampling(BaseModel):
     response_format: ResponseFormat | None = None  # structured output (json_object, json_schema)
     guided_json: dict[str, Any] | str | None = None  # extension (vLLM): a JSON schema the answer follows
     guided_regex: str | None = None  # extension (vLLM): a regular expression the whole answer matches
+    guided_grammar: str | None = None  # extension (vLLM): a Lark grammar (llguidance's dialect) of the answer
 
     @field_validator(*NEUTRAL_VALUES)
     @classmethod
@@ -123,12 +124,14 @@ class _Sampling(BaseModel):
         asked = {name: value for name, value in (
             ("response_format", self.response_format.schema_text() if self.response_format else None),
             ("guided_json", json.dumps(self.guided_json) if isinstance(self.guided_json, dict) else self.guided_json),
-            ("guided_regex", self.guided_regex)) if value is not None}
+            ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar)) if value is not None}
         if len(asked) > 1:
             raise InvalidRequest(f"ask for one structured output at most, got {' and '.join(asked)}",
                                  param=next(iter(asked)))
         if "guided_regex" in asked:
             return common_pb2.Grammar(regex=asked["guided_regex"])
+        if "guided_grammar" in asked:
+            return common_pb2.Grammar(lark=asked["guided_grammar"])
         return common_pb2.Grammar(json_schema=next(iter(asked.values()))) if asked else None
 
     def token_bias(self) -> dict[int, float]:
@@ -257,5 +260,5 @@ class ChatCompletionRequest(_Sampling):
             return asked
         if asked is not None:
             raise InvalidRequest("a tool choice answers in tool calls; it cannot be combined with response_format "
-                                 "or guided_json / guided_regex", param="tool_choice")
+                                 "or guided_json / guided_regex / guided_grammar", param="tool_choice")
         return common_pb2.Grammar(json_schema=json.dumps(plan.schema))

@@ -48,7 +48,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _grammar(args: argparse.Namespace):  # noqa: ANN202 (ssd.sampling.grammar.Grammar | None)
-    """--json-schema (a file, or the schema's text) or --regex, as the request's grammar."""
+    """--json-schema (a file, or the schema's text), --regex or --grammar (a Lark file or text), as the request's
+    grammar."""
     from pathlib import Path
 
     from ssd.sampling.grammar import Grammar
@@ -58,6 +59,9 @@ def _grammar(args: argparse.Namespace):  # noqa: ANN202 (ssd.sampling.grammar.Gr
         if not source.lstrip().startswith("{") and Path(source).is_file():
             source = Path(source).read_text()
         return Grammar("json_schema", source)
+    if args.grammar is not None:
+        source = args.grammar
+        return Grammar("lark", Path(source).read_text() if "\n" not in source and Path(source).is_file() else source)
     return Grammar("regex", args.regex) if args.regex is not None else None
 
 
@@ -96,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="structured output: the answer is JSON following this schema ('{\"type\": \"object\"}': "
                             "any object)")
     shape.add_argument("--regex", help="structured output: the whole answer matches this regular expression")
+    shape.add_argument("--grammar", metavar="FILE_OR_LARK",
+                       help="structured output: the answer follows this Lark grammar (llguidance's dialect, rule "
+                            "`start`)")
     g.add_argument("--mode", default="ar", choices=["ar", "sd", "ssd"],
                    help="ar: plain decoding; sd: speculative; ssd: speculative speculative (in one process here: "
                         "answer + cache build in turn, for checking; `ssd serve` / `ssd bench` overlap them)")

@@ -41,7 +41,7 @@ def token_logprobs_proto(logprobs: list[TokenLogprob] | None) -> list[common_pb2
 def grammar(g: common_pb2.Grammar) -> Grammar:
     kind = g.WhichOneof("kind")
     if kind is None:
-        raise InvalidRequestError("grammar is set but holds neither json_schema nor regex")
+        raise InvalidRequestError("grammar is set but holds none of json_schema, regex, lark")
     return Grammar(kind, getattr(g, kind))
 
 

@@ -1,4 +1,4 @@
-"""Structured output: constrain a request's answer to a JSON schema or a regular expression.
+"""Structured output: constrain a request's answer to a JSON schema, a regular expression or a Lark grammar.
 
 A `Grammar` (in SamplingParams) is compiled once per request into a `GrammarState`, which follows the answer's
 committed tokens and tells, for any row of a forward, which tokens may come next there: the answer as it
@@ -26,8 +26,8 @@ from ssd.errors import InvalidRequestError
 
 log = structlog.get_logger(__name__)
 
-GrammarKind = Literal["json_schema", "regex"]
-GRAMMAR_KINDS = ("json_schema", "regex")
+GrammarKind = Literal["json_schema", "regex", "lark"]
+GRAMMAR_KINDS = ("json_schema", "regex", "lark")
 MAX_GRAMMAR_CHARS = 65536  # a request's schema or regex text at most
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # OpenAI's response_format {"type": "json_object"}
 # A JSON answer written the way the model writes JSON anyway: one space after ':' and ','; no free whitespace
@@ -37,7 +37,9 @@ _JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separ
 
 @dataclass(frozen=True)
 class Grammar:
-    kind: GrammarKind  # "json_schema": source is a JSON schema (JSON text); "regex": the whole answer matches it
+    # "json_schema": source is a JSON schema (JSON text); "regex": the whole answer matches it; "lark": a
+    # context-free grammar in llguidance's Lark dialect (rule `start`; may embed %json {schema} and /regex/)
+    kind: GrammarKind
     source: str
 
     def __post_init__(self) -> None:
@@ -217,8 +219,10 @@ class GrammarCompiler:
                 text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_LAYOUT)
             except (ValueError, TypeError) as e:
                 raise InvalidRequestError(f"unsupported JSON schema: {e}") from e
-        else:
+        elif grammar.kind == "regex":
             text = llguidance.LLMatcher.grammar_from_regex(grammar.source)
+        else:
+            text = llguidance.LLMatcher.grammar_from_lark(grammar.source)
         tokenizer = self._llg_tokenizer()
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, tokenizer)
         if is_error:

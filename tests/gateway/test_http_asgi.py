@@ -164,6 +164,7 @@ def test_unsupported_openai_options_at_their_neutral_value_are_served():
      ("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}})),
     ({"guided_json": {"type": "array"}}, ("json_schema", {"type": "array"})),
     ({"guided_regex": "(yes|no)"}, ("regex", "(yes|no)")),
+    ({"guided_grammar": 'start: "yes" | "no"'}, ("lark", 'start: "yes" | "no"')),
     ({"response_format": {"type": "text"}}, None),
 ])
 def test_structured_output_reaches_the_target_as_a_grammar(extra, expected):
@@ -184,6 +185,7 @@ def test_structured_output_reaches_the_target_as_a_grammar(extra, expected):
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "response_format"),
+    ({"guided_regex": "a+", "guided_grammar": 'start: "a"'}, "guided_regex"),
 ])
 def test_bad_structured_output_requests_are_refused(extra, param):
     gen = StubGenerator()

@@ -1,5 +1,5 @@
 """Structured output through the real services: the `openai` client's response_format (json_schema and
-json_object) and the vLLM-style guided_regex give valid answers equal to the offline engine's, in every mode
+json_object) and the vLLM-style guided_regex / guided_grammar give valid answers equal to the offline engine's, in every mode
 (the draft service compiles the grammar too and drafts under it; the target's masks keep the answer exact), over
 the public gRPC API too; a bad schema is a 400 that leaves the service serving."""
 
@@ -61,6 +61,11 @@ def test_json_object_and_guided_regex(stack, offline_greedy):
                                             stream=True, extra_body={"guided_regex": "(Paris|Lyon|Nice)"})
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == _offline(offline_greedy, "regex", "(Paris|Lyon|Nice)") and text in ("Paris", "Lyon", "Nice")
+    lark = 'start: city ", " country\ncity: "Paris" | "Lyon"\ncountry: /[A-Z][a-z]{2,12}/'
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                           extra_body={"guided_grammar": lark, "mode": "sd"})
+    content = reply.choices[0].message.content
+    assert content == _offline(offline_greedy, "lark", lark) and content.split(", ")[0] in ("Paris", "Lyon")
 
 
 def test_grpc_generate_takes_a_grammar(stack, offline_greedy):

@@ -63,6 +63,8 @@ def test_a_dead_end_ends_the_answer_instead_of_leaving_no_token():
     (Grammar("json_schema", '{"type": "integer", "minimum": 5, "maximum": 2}'), "Unsatisfiable"),
     (Grammar("json_schema", '{"type": "objectx"}'), "invalid json_schema"),
     (Grammar("regex", "[a-"), "invalid regex"),
+    (Grammar("lark", 'start: "a" ('), "invalid lark"),
+    (Grammar("lark", 'begin: "a"'), "invalid lark"),  # no start rule
 ])
 def test_bad_grammars_are_invalid_requests(letters, grammar, message):
     compiler = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS}))
@@ -106,6 +108,18 @@ def test_greedy_speculation_with_a_grammar_equals_plain(letters, shape):
     assert llm.engine.spec.counters.num_accepted_tokens > 0
     mixed = [params, SamplingParams(max_tokens=24), params]  # one batch: free text beside grammars
     assert [o.token_ids for o in llm.generate(prompts, mixed)] == [plain[0], free[1], plain[2]]
+
+
+def test_a_lark_grammar_holds_the_answer_and_speculation_keeps_greedy_output(letters):
+    lark = 'start: word " "? word\nword: /[a-f]+/ | "klm"'  # the letter tokenizer has no space: " " is banned
+    params = SamplingParams(max_tokens=12, grammar=Grammar("lark", lark))
+    prompts = [PROMPT, [5, 6, 7, 8, 5, 6]]
+    plain = _llm(letters).generate(prompts, params)
+    for out in plain:
+        assert out.token_ids[-1] == EOS or out.finish_reason == "length"
+        assert all(t in range(2, 8) or t in (12, 13, 14, EOS) for t in out.token_ids)  # a-f, k, l, m
+    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3)
+    assert [o.token_ids for o in _llm(letters, spec).generate(prompts, params)] == [o.token_ids for o in plain]
 
 
 def test_forced_tokens_are_spliced_into_the_chain(letters):
