@@ -39,6 +39,7 @@ class TextRequest:
     mode: str | None = None  # "ar" | "sd" | "ssd" | None (the target's default)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     tools: list[dict] | None = None  # function calling: the tools, for the chat template
+    tool_tags: bool = False  # tool_choice "auto": the model writes its calls in tags (told so if need be)
 
 
 @dataclass
@@ -104,7 +105,7 @@ class TextGenerator:
                 raise InvalidRequest("the prompt is empty", param="prompt")
             return list(req.prompt)
         tok = self.tokenizer()
-        text = tok.chat_prompt(req.messages, req.tools) if req.messages is not None else req.prompt
+        text = tok.chat_prompt(req.messages, req.tools, req.tool_tags) if req.messages is not None else req.prompt
         if not text:
             raise InvalidRequest("the prompt is empty", param="prompt")
         return tok.encode(text)

@@ -168,8 +168,9 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         messages = [m.for_template() for m in body.messages]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = _params(body, max_tokens, body.wanted_logprobs())
+        plan = body.tool_plan()
         req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode,
-                          tools=body.template_tools())
+                          tools=body.template_tools(), tool_tags=plan is not None and plan.choice == "auto")
         return await run(request, req.request_id, [req], body, chat=True)
 
     return app

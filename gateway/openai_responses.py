@@ -3,7 +3,7 @@
 One `OpenAIResponse` per request holds what every body repeats (id, object, created, model) and the per-choice
 state a stream needs (completions' logprobs count characters across chunks; a tool call's text until it is whole).
 With function calling (a `ToolPlan`) a chat answer is returned as `tool_calls`: a named call's arguments stream as
-they come; "required" calls are sent whole with the last chunk.
+they come; "required" calls are sent whole with the last chunk; "auto" streams text up to a call tag.
 """
 
 import time
@@ -13,7 +13,7 @@ from gateway.choices import combined
 from gateway.generation import TextDelta
 from gateway.logprobs_format import chat_logprobs, completion_logprobs, merged
 from gateway.tokenizer import TextTokenizer
-from gateway.tool_calls import ToolPlan, tool_call
+from gateway.tool_calls import ToolPlan, outside_calls, streamable, tool_call
 
 
 def usage(d: TextDelta) -> dict:
@@ -46,6 +46,7 @@ class OpenAIResponse:
         self.tools = tools if chat else None
         self.call_text = [""] * num_choices  # streamed tool calls: each choice's answer so far
         self.call_ids: list[str | None] = [None] * num_choices  # a streamed named call's id, once opened
+        self.text_sent = [0] * num_choices  # streamed "auto" answers: characters already sent as content
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -77,9 +78,9 @@ class OpenAIResponse:
         for i, d in enumerate(done):
             text, logprobs = self._text_and_logprobs(i, d)
             choice = {"index": i, "finish_reason": d.finish_reason, "logprobs": logprobs}
-            calls = self.tools.calls(text) if self.tools is not None else None
+            content, calls = self.tools.parse(text) if self.tools is not None else (text, None)
             if calls is not None:
-                choice |= {"message": {"role": "assistant", "content": None, "tool_calls": calls},
+                choice |= {"message": {"role": "assistant", "content": content, "tool_calls": calls},
                            "finish_reason": self.tools.finish_reason(d.finish_reason)}
             else:
                 choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
@@ -102,20 +103,26 @@ class OpenAIResponse:
 
     def _call_delta(self, plan: ToolPlan, i: int, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
         """A tool-call stream's delta and finish reason: a named call opens with its id and name, then streams
-        its arguments; "required" calls are held until the answer is whole (then sent, or its text if cut off)."""
+        its arguments; "required" calls are held until the answer is whole (then sent, or its text if cut off);
+        "auto" streams text until a call tag, then holds the rest until the answer is whole."""
         self.call_text[i] += text
-        if plan.named is not None:
+        if plan.choice == "named":
             if self.call_ids[i] is None:
-                call = tool_call(plan.named, text)
+                call = tool_call(str(plan.named), text)
                 self.call_ids[i] = call["id"]
                 return {"tool_calls": [{"index": 0, **call}]}, finish_reason
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}, finish_reason
+        sent, whole = self.text_sent[i], self.call_text[i]
         if finish_reason is None:
-            return {}, None
-        calls = plan.calls(self.call_text[i])
+            n = streamable(whole[sent:]) if plan.choice == "auto" else 0
+            self.text_sent[i] += n
+            return ({"content": whole[sent : sent + n]} if n else {}), None
+        _, calls = plan.parse(whole)
         if calls is None:
-            return {"content": self.call_text[i]}, finish_reason
-        return {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}, plan.finish_reason(finish_reason)
+            return {"content": whole[sent:]}, finish_reason
+        rest = outside_calls(whole[sent:])  # content not streamed yet (none before the first tag is left)
+        delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+        return delta | ({"content": rest} if rest else {}), plan.finish_reason(finish_reason)
 
     def usage_chunk(self, groups: list[list[TextDelta]]) -> dict:
         """`stream_options.include_usage`: a last chunk without choices, usage over all of them (a group per prompt)."""

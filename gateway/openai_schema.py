@@ -256,7 +256,7 @@ class ChatCompletionRequest(_Sampling):
 
     def grammar(self) -> common_pb2.Grammar | None:
         plan, asked = self.tool_plan(), super().grammar()
-        if plan is None:
+        if plan is None or plan.schema is None:  # "auto" writes free text (its calls in tags)
             return asked
         if asked is not None:
             raise InvalidRequest("a tool choice answers in tool calls; it cannot be combined with response_format "

@@ -45,16 +45,17 @@ class TextTokenizer:
         """One token's text, special tokens included (a piece of a multi-byte character decodes to U+FFFD)."""
         return self._tok.decode([token_id], skip_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    tool_tags: bool = False) -> str:
         """The template rendered for the next assistant turn. `tools` (function calling) go to the template, or,
-        when it does not render tools, into a system message; past tool calls into the assistant's content
-        likewise."""
+        when it does not render tools, into a system message (telling the call tags when `tool_tags`); past
+        tool calls into the assistant's content likewise."""
         if self._template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions with a prompt")
         if not self.template_knows_tool_calls:
             messages = [with_calls_as_text(m) for m in messages]
         if tools and not self.template_knows_tools:
-            messages, tools = with_tools_message(messages, tools), None
+            messages, tools = with_tools_message(messages, tools, tool_tags), None
         extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(messages=messages, add_generation_prompt=True,
@@ -73,9 +74,10 @@ def with_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
 
 
-def with_tools_message(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_tools_message(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       tagged: bool) -> list[dict[str, Any]]:
     """The tools described in the system message (added after the conversation's own system text, if any)."""
-    described = tools_message(tools)
+    described = tools_message(tools, tagged)
     if messages and messages[0]["role"] == "system":
         first = messages[0] | {"content": f"{messages[0]['content']}\n\n{described['content']}"}
         return [first, *messages[1:]]

@@ -1,6 +1,7 @@
 """Function calling on the HTTP bridge, with a stub generator (no model): tools and tool_choice become the request's
-grammar, answers come back as OpenAI `tool_calls` (whole and streamed), refused forms are 400s naming the field,
-and the chat template gets the tools (or a system message describing them) and past calls."""
+grammar (or, for "auto", tagged calls parsed out of free text), answers come back as OpenAI `tool_calls` (whole and
+streamed), refused forms are 400s naming the field, and the chat template gets the tools (or a system message
+describing them) and past calls."""
 
 import asyncio
 import json
@@ -110,6 +111,50 @@ def test_streamed_required_calls_come_whole_with_the_last_chunk():
     assert last["delta"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
 
 
+CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+@pytest.mark.parametrize(("answer", "content", "calls"), [
+    (CALL_TEXT, None, [("get_weather", {"city": "Paris"})]),
+    ("Let me look.\n" + CALL_TEXT + '\n<tool_call>{"name": "get_time", "arguments": {}}',  # the last tag unclosed
+     "Let me look.", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    ("It is sunny in Paris.", "It is sunny in Paris.", None),
+    ('<tool_call>{"name": "get_news", "arguments": {}}</tool_call>', '<tool_call>{"name": "get_news", '
+     '"arguments": {}}</tool_call>', None),  # not a tool: text
+    ("<tool_call>{not json</tool_call>", "<tool_call>{not json</tool_call>", None),
+    ('<tool_call>{"name": ["get_time"]}</tool_call>', '<tool_call>{"name": ["get_time"]}</tool_call>', None),
+    ('<tool_call>{"name": "get_time", "arguments": 5}</tool_call>',
+     '<tool_call>{"name": "get_time", "arguments": 5}</tool_call>', None),
+    ('<tool_call>["get_time"]</tool_call>', '<tool_call>["get_time"]</tool_call>', None),
+    ('<tool_call>{"name": "get_time", "arguments": "{}"}</tool_call> Done.', "Done.", [("get_time", {})]),
+])
+def test_auto_parses_tagged_calls_out_of_free_text(answer, content, calls):
+    gen = AnsweringGenerator([answer])
+    r = _chat(gen, tools=TOOLS)  # tool_choice "auto": the default with tools
+    assert r.status_code == 200, r.text
+    assert not gen.requests[0].params.HasField("grammar") and gen.requests[0].tool_tags
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == content
+    if calls is None:
+        assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+        return
+    assert choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]] \
+        == calls
+
+
+def test_streamed_auto_sends_text_up_to_the_tag_and_the_calls_at_the_end():
+    pieces = ["Let me look. <tool", "_call>", '{"name": "get_time", ', '"arguments": {}}</tool_call>']
+    events = _events(_chat(AnsweringGenerator(pieces), tools=TOOLS, tool_choice="auto", stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events[1:]]
+    assert "".join(d.get("content", "") for d in deltas) == "Let me look. "  # never a piece of the tag
+    assert deltas[-1]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    plain = _events(_chat(AnsweringGenerator(["Sunny ", "<b>today</b>"]), tools=TOOLS, stream=True))
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in plain[1:]) == "Sunny <b>today</b>"
+    assert plain[-1]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_tool_choice_none_answers_in_text_without_the_tools():
     gen = AnsweringGenerator(["It is sunny."])
     r = _chat(gen, tools=TOOLS, tool_choice="none")
@@ -118,8 +163,6 @@ def test_tool_choice_none_answers_in_text_without_the_tools():
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": TOOLS}, "tool_choice"),  # "auto", the default with tools
-    ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools"),
@@ -182,6 +225,8 @@ def test_a_template_without_tools_gets_them_in_a_system_message_and_calls_as_tex
     assert system.startswith("<system>Be brief.") and '"name": "get_weather"' in text and "Weather now" in text
     assert user == "<user>Time?" and assistant == '<assistant>[{"name": "get_time", "arguments": "{}"}]'
     assert tok.chat_prompt([{"role": "user", "content": "Hi"}], TOOLS).startswith("<system>You can call")
+    assert "<tool_call>" not in text and "<tool_call>" in tok.chat_prompt([{"role": "user", "content": "Hi"}],
+                                                                         TOOLS, tool_tags=True)
 
 
 def test_a_template_that_knows_tools_renders_them_itself():
