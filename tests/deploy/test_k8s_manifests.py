@@ -122,6 +122,17 @@ def test_each_target_reaches_a_draft(overlay, monkeypatch):
             assert [service_of(x) for w in pods for x in w["spec"]["template"]["spec"]["containers"]] == ["draft_service"]
 
 
+def test_sd_speculates_the_shape_ssd_serve_picks_for_the_draft(overlay, monkeypatch):
+    """Token trees of 8 for a neural draft's sd requests (the fastest shape measured here), chains for n-gram."""
+    from deploy.local import default_tree_budget
+
+    _, docs = overlay
+    (draft,) = [c for _, c in containers(docs) if service_of(c) == "draft_service"]
+    for _, c in containers(docs):
+        if service_of(c) == "target_service":
+            assert parse(c, monkeypatch).tree_budget == default_tree_budget(parse(draft, monkeypatch).draft)
+
+
 def test_services_and_network_policies_select_real_pods(overlay):
     _, docs = overlay
     pods = {w["metadata"]["name"]: w["spec"]["template"] for w in workloads(docs)}
