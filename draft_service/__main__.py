@@ -4,6 +4,7 @@ An EAGLE-3 head also needs its target: `--draft <head folder> --target-model <ta
 """
 
 import asyncio
+import threading
 
 import structlog
 import torch
@@ -22,6 +23,8 @@ log = structlog.get_logger(__name__)
 
 
 async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
+    if draft.grammars is not None:  # structured output's tokenizer index, before the first grammar needs it
+        threading.Thread(target=draft.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     servicer = SpeculatorServicer(draft, config.draft)
     spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)

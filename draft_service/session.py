@@ -97,6 +97,7 @@ class Session:
         self.tensors = torch_tensors.session_tensors(self.device)  # inline until Hello / Ready agree on more
         self.last_build_s = 0.0  # this session's previous SSD cache build
         self._said_no_ssd = False  # an ssd Prefill on a draft without SSD is logged once per session
+        self._said_grammar = False  # the first sequence drafted under its grammar is logged once per session
 
     def _proposer_of(self, seq: DraftSequence) -> Proposer:
         """The SsdSpeculator for SSD sequences (it delegates commit / release to the neural draft)."""
@@ -134,11 +135,15 @@ class Session:
         if self.grammars is None or kind is None or not 0 <= p.answer_start <= len(p.token_ids):
             return None
         try:
-            return self.grammars.compile(Grammar(kind, getattr(p.grammar, kind)))
+            state = self.grammars.compile(Grammar(kind, getattr(p.grammar, kind)))
         except InvalidRequestError as e:  # the target compiled it: a different llguidance or tokenizer here
             log.warning("cannot compile the sequence's grammar; drafting without it", target=self.target_id,
                         seq_id=p.seq_id, error=str(e))
             return None
+        if not self._said_grammar:
+            self._said_grammar = True
+            log.info("drafting structured output under its grammar", target=self.target_id, seq_id=p.seq_id, kind=kind)
+        return state
 
     def _outcome(self, o: draft_pb2.Outcome) -> DraftSequence:
         seq = self.seqs.get(o.seq_id)

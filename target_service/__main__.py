@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import threading
 
 import structlog
 import torch
@@ -49,6 +50,8 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
 
 async def serve(config: TargetServiceConfig) -> None:
     engine, proposer = build_engine(config)
+    if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
+        threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     engine_loop = EngineLoop(engine, asyncio.get_running_loop())
     engine_loop.start()
     servicer = VerifierServicer(config, engine_loop, proposer)

@@ -15,6 +15,7 @@ Token masks come from llguidance (a Rust matcher over the tokenizer's vocabulary
 """
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -187,21 +188,28 @@ class AnswerGrammar:
 
 
 class GrammarCompiler:
-    """Builds matchers for one tokenizer; the tokenizer index (~0.3 s) is made on the first grammar."""
+    """Builds matchers for one tokenizer; the tokenizer index (~0.3 s) is made on the first grammar, or ahead of
+    it by `warm_up` (a service calls it in a thread at start, so the first grammar does not stall its batch)."""
 
     def __init__(self, tokenizer_json: Path, vocab: int, eos_ids: frozenset[int]) -> None:
         self._path = tokenizer_json
         self._vocab = vocab
         self._eos = sorted(eos_ids)
         self._tokenizer = None
+        self._lock = threading.Lock()  # one index, whichever thread asks first
 
     def _llg_tokenizer(self):  # noqa: ANN202
-        if self._tokenizer is None:
-            import llguidance  # a Rust extension; imported when the first grammar arrives
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance  # a Rust extension; imported when the first grammar arrives
 
-            self._tokenizer = llguidance.LLTokenizer(str(self._path), n_vocab=self._vocab, eos_token=self._eos)
-            log.info("grammar tokenizer ready", vocab=self._vocab, eos=self._eos)
-        return self._tokenizer
+                self._tokenizer = llguidance.LLTokenizer(str(self._path), n_vocab=self._vocab, eos_token=self._eos)
+                log.info("grammar tokenizer ready", vocab=self._vocab, eos=self._eos)
+            return self._tokenizer
+
+    def warm_up(self) -> None:
+        """Build the tokenizer index now instead of on the first grammar."""
+        self._llg_tokenizer()
 
     def compile(self, grammar: Grammar) -> GrammarState:
         """InvalidRequestError when the schema or regex is not one llguidance accepts."""

@@ -42,6 +42,7 @@ def test_the_draft_compiles_a_prefills_grammar_and_proposes_only_what_it_allows(
     assert _allowed_everywhere(compiler, answer, items[1]) and _allowed_everywhere(compiler, answer, items[2])
     assert session.seqs[3].grammar is None  # not compilable here: drafted without a grammar
     assert any(e["event"].startswith("cannot compile the sequence's grammar") for e in logs)
+    assert [e["event"] for e in logs].count("drafting structured output under its grammar") == 1  # once a session
     session.build(first.build)
     spec = items[2]
     outcome = draft_pb2.Outcome(seq_id=2, num_committed_before=len(tokens), new_token_ids=[*spec[:1], 4],

@@ -46,7 +46,7 @@ def test_json_schema_answers_are_valid_and_equal_the_offline_engine(stack, offli
     assert reply.choices[0].message.content == expected
     assert reply.choices[0].finish_reason == "stop"
     if mode != "ar":  # the draft service compiled the grammar to draft under it
-        assert "grammar tokenizer ready" in (stack.config.log_dir / "draft.log").read_text()
+        assert "drafting structured output under its grammar" in (stack.config.log_dir / "draft.log").read_text()
 
 
 def test_json_object_and_guided_regex(stack, offline_greedy):

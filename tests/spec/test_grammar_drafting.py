@@ -109,3 +109,26 @@ def test_splicing_keeps_an_ssd_cache_hit_a_hit(letters):
     out = spec_decode.SpeculativeDecoder._with_forced_tokens(None, SimpleNamespace(grammar=state, output_token_ids=[]),
                                                              spec, 3)
     assert out.tokens == [a, b, c] and out.cache_hit and out.predicted_hit == 0.5
+
+
+def test_warm_up_builds_the_tokenizer_index_once_whichever_thread_asks_first(letters, monkeypatch):
+    import threading
+
+    import llguidance
+
+    built = []
+    real = llguidance.LLTokenizer
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance, "LLTokenizer", counting)
+    compiler = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS}))
+    threads = [threading.Thread(target=compiler.warm_up) for _ in range(4)]
+    for t in threads:
+        t.start()
+    compiler.compile(Grammar("regex", "ab"))
+    for t in threads:
+        t.join()
+    assert built == [1]
