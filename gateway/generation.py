@@ -120,6 +120,8 @@ class TextGenerator:
                                                         params=params, mode=MODES[req.mode])
         num_tokens, last_time, tried, sent_prompt = 0, None, set(), False
         self.metrics.prompt_tokens.inc(len(ids))
+        if params.HasField("grammar"):
+            self.metrics.constrained.labels(params.grammar.WhichOneof("kind") or "none").inc()
         while True:
             replica = await self.router.pick(ids, tried)
             call = replica.stub.Generate(target_req)

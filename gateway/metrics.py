@@ -49,6 +49,9 @@ class GatewayMetrics:
         self.spec_accepted = Counter("ssd_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
         self.spec_hits = Counter("ssd_spec_decode_cache_hits", "Speculation cache hits (SSD)", registry=r)
         self.spec_misses = Counter("ssd_spec_decode_cache_misses", "Speculation cache misses (SSD)", registry=r)
+        self.constrained = Counter("ssd_structured_output_requests", "Requests held to a grammar (structured "
+                                   "output; named and required tool calls count as json_schema)", ["grammar"],
+                                   registry=r)
         r.register(_ReplicaLoadCollector(router))
 
     def render(self) -> bytes:

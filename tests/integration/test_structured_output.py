@@ -6,6 +6,7 @@ the public gRPC API too; a bad schema is a 400 that leaves the service serving."
 import json
 
 import grpc
+import httpx
 import openai
 import pytest
 
@@ -90,3 +91,11 @@ def test_a_bad_schema_is_a_400_and_the_service_keeps_serving(stack):
                                        response_format={"type": "json_object"}, extra_body={"ignore_eos": True})
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_grammar_requests_are_counted_by_kind(stack):
+    client = openai_client(stack.url, API_KEY)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4,
+                                   extra_body={"guided_regex": "(yes|no)"})
+    metrics = httpx.get(stack.url + "/metrics").text
+    assert 'ssd_structured_output_requests_total{grammar="regex"}' in metrics
