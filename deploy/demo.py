@@ -1,6 +1,6 @@
 """`make demo`: start the stack, send real prompts through the official openai client (streaming and not)
 in ar, sd and (with a neural draft) ssd modes, print the answers and tokens/s per mode, ask for one answer as
-JSON following a schema (structured output), and shut the stack down.
+JSON following a schema (structured output) and one as a tool call, and shut the stack down.
 
 `make demo DRAFT=<draft checkpoint or EAGLE-3 head>` picks the draft (default: the shipped EAGLE-3 head, whose sd
 requests speculate 8-node token trees; `DRAFT=ngram`: n-gram lookup, ar and sd chains only).
@@ -26,6 +26,13 @@ JSON_PROMPT = "What is the capital of France? Answer in JSON."
 JSON_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "country", "is_capital"],
                "properties": {"city": {"type": "string", "maxLength": 24},
                               "country": {"type": "string", "maxLength": 24}, "is_capital": {"type": "boolean"}}}
+
+TOOL_PROMPT = "What is the weather like in Paris?"
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                   "properties": {"city": {"type": "string", "maxLength": 24},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}}}}}]
 
 
 def _print(text: str) -> None:
@@ -87,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             model=config.model, messages=[{"role": "user", "content": JSON_PROMPT}], max_tokens=64, temperature=0,
             response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": JSON_SCHEMA}})
         _print(f"{reply.choices[0].message.content}\n")
+        _print(f"\n=== function calling: tools + tool_choice \"required\" ===\n{TOOL_PROMPT}\n")
+        reply = client.chat.completions.create(
+            model=config.model, messages=[{"role": "user", "content": TOOL_PROMPT}], max_tokens=64, temperature=0,
+            tools=TOOLS, tool_choice="required")
+        for call in reply.choices[0].message.tool_calls or []:
+            _print(f"{call.function.name}({call.function.arguments})\n")
     finally:
         stop_stack(stack)
     return 0
