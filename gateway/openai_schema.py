@@ -36,6 +36,14 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
 }
 
 
+_REGEX_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def choice_regex(choices: list[str]) -> str:
+    """A regular expression whose whole matches are exactly the given strings (vLLM's guided_choice)."""
+    return "(" + "|".join("".join("\\" + c if c in _REGEX_META else c for c in s) for s in choices) + ")"
+
+
 class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -99,6 +107,7 @@ class _Sampling(BaseModel):
     guided_json: dict[str, Any] | str | None = None  # extension (vLLM): a JSON schema the answer follows
     guided_regex: str | None = None  # extension (vLLM): a regular expression the whole answer matches
     guided_grammar: str | None = None  # extension (vLLM): a Lark grammar (llguidance's dialect) of the answer
+    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)  # (vLLM)
 
     @field_validator(*NEUTRAL_VALUES)
     @classmethod
@@ -124,12 +133,13 @@ class _Sampling(BaseModel):
         asked = {name: value for name, value in (
             ("response_format", self.response_format.schema_text() if self.response_format else None),
             ("guided_json", json.dumps(self.guided_json) if isinstance(self.guided_json, dict) else self.guided_json),
-            ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar)) if value is not None}
+            ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar),
+            ("guided_choice", choice_regex(self.guided_choice) if self.guided_choice else None)) if value is not None}
         if len(asked) > 1:
             raise InvalidRequest(f"ask for one structured output at most, got {' and '.join(asked)}",
                                  param=next(iter(asked)))
-        if "guided_regex" in asked:
-            return common_pb2.Grammar(regex=asked["guided_regex"])
+        if "guided_regex" in asked or "guided_choice" in asked:
+            return common_pb2.Grammar(regex=asked.get("guided_regex") or asked["guided_choice"])
         if "guided_grammar" in asked:
             return common_pb2.Grammar(lark=asked["guided_grammar"])
         return common_pb2.Grammar(json_schema=next(iter(asked.values()))) if asked else None
@@ -260,5 +270,5 @@ class ChatCompletionRequest(_Sampling):
             return asked
         if asked is not None:
             raise InvalidRequest("a tool choice answers in tool calls; it cannot be combined with response_format "
-                                 "or guided_json / guided_regex / guided_grammar", param="tool_choice")
+                                 "or guided_*", param="tool_choice")
         return common_pb2.Grammar(json_schema=json.dumps(plan.schema))

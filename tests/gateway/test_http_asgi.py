@@ -165,6 +165,7 @@ def test_unsupported_openai_options_at_their_neutral_value_are_served():
     ({"guided_json": {"type": "array"}}, ("json_schema", {"type": "array"})),
     ({"guided_regex": "(yes|no)"}, ("regex", "(yes|no)")),
     ({"guided_grammar": 'start: "yes" | "no"'}, ("lark", 'start: "yes" | "no"')),
+    ({"guided_choice": ["yes", "no (maybe)"]}, ("regex", r"(yes|no \(maybe\))")),
     ({"response_format": {"type": "text"}}, None),
 ])
 def test_structured_output_reaches_the_target_as_a_grammar(extra, expected):
@@ -186,6 +187,8 @@ def test_structured_output_reaches_the_target_as_a_grammar(extra, expected):
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "response_format"),
     ({"guided_regex": "a+", "guided_grammar": 'start: "a"'}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a", ""]}, "guided_choice.1"),
 ])
 def test_bad_structured_output_requests_are_refused(extra, param):
     gen = StubGenerator()
@@ -512,3 +515,14 @@ def test_disconnect_cancels_a_nonstreaming_generation():
 
     sent = asyncio.run(scenario())
     assert sent[0]["status"] == 499
+
+
+def test_guided_choice_regex_matches_exactly_its_strings():
+    import re
+
+    from gateway.openai_schema import choice_regex
+
+    choices = ["a.b (c)", "x|y", "price: $5+", "50% off [now]", "a-b & c ~ d #e", "ünïcode ☕", "back\\slash", "{j}"]
+    regex = choice_regex(choices)
+    assert all(re.fullmatch(regex, c) for c in choices)
+    assert not any(re.fullmatch(regex, c) for c in ["a_b (c)", "x", "price: $55", "{j}{j}", "back\\\\slash"])

@@ -1,7 +1,8 @@
 """Structured output through the real services: the `openai` client's response_format (json_schema and
-json_object) and the vLLM-style guided_regex / guided_grammar give valid answers equal to the offline engine's, in every mode
-(the draft service compiles the grammar too and drafts under it; the target's masks keep the answer exact), over
-the public gRPC API too; a bad schema is a 400 that leaves the service serving."""
+json_object) and the vLLM-style guided_regex / guided_grammar / guided_choice give valid answers equal to the
+offline engine's, in every mode (the draft service compiles the grammar too and drafts under it; the target's
+masks keep the answer exact), over the public gRPC API too; a bad schema is a 400 that leaves the service
+serving."""
 
 import json
 
@@ -67,6 +68,10 @@ def test_json_object_and_guided_regex(stack, offline_greedy):
                                            extra_body={"guided_grammar": lark, "mode": "sd"})
     content = reply.choices[0].message.content
     assert content == _offline(offline_greedy, "lark", lark) and content.split(", ")[0] in ("Paris", "Lyon")
+    choices = ["Paris (France)", "Lyon", "Nice?"]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                           extra_body={"guided_choice": choices})
+    assert reply.choices[0].message.content in choices
 
 
 def test_grpc_generate_takes_a_grammar(stack, offline_greedy):
