@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP bridge: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health, /metrics.
+"""The OpenAI-compatible HTTP bridge: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health, /metrics,
+and vLLM's /tokenize and /detokenize.
 
 Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps to. A client that goes
 away cancels its generation (the target call), streaming or not; /v1/ is guarded by `http_asgi.RequestGuard`.
@@ -16,11 +17,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.auth import ApiKeys
 from gateway.choices import best_choices, choice_requests, complete_all, merged_streams
-from gateway.errors import GatewayError, InvalidRequest, openai_error_body
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
 from gateway.openai_responses import OpenAIResponse
-from gateway.openai_schema import MAX_TARGET_REQUESTS, ChatCompletionRequest, CompletionRequest, _Sampling
+from gateway.openai_schema import (
+    MAX_TARGET_REQUESTS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    _Sampling,
+)
 from protos.ssd.v1 import common_pb2
 
 log = structlog.get_logger(__name__)
@@ -133,6 +141,30 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+    def served_model(name: str | None) -> None:
+        if name and name != generator.model_name:
+            raise ModelNotFound(f"the model '{name}' does not exist; this server serves '{generator.model_name}'",
+                                param="model")
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        """The prompt's token ids as the target would see them (vLLM's shape); chat messages through the template."""
+        served_model(body.model)
+        tok = generator.tokenizer()
+        text = tok.chat_prompt([m.for_template() for m in body.messages]) if body.messages else body.prompt
+        ids = tok.encode(text or "")
+        info = generator.router.info()
+        return {"count": len(ids), "max_model_len": info.max_model_len if info is not None else 0, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        served_model(body.model)
+        info = generator.router.info()
+        vocab = info.vocab_size if info is not None else 0
+        if vocab and any(t >= vocab for t in body.tokens):
+            raise InvalidRequest(f"token ids must be below the vocabulary size {vocab}", param="tokens")
+        return {"prompt": generator.tokenizer().decode(body.tokens)}
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:

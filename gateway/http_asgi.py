@@ -25,12 +25,16 @@ T = TypeVar("T")
 _UNEXPECTED_MESSAGE_PAUSE_S = 0.1  # a server that answers `receive` without blocking must not make us spin
 
 
+GUARDED_ROOT_PATHS = frozenset({"/tokenize", "/detokenize"})  # guarded like /v1/ (vLLM serves them at the root)
+
+
 class BodyTooLarge(Exception):
     """The client sent more than the limit; carries the message of the 413 answer."""
 
 
 class RequestGuard:
-    """ASGI middleware for /v1/ routes: 401 without a valid API key, 413 past `max_request_bytes`."""
+    """ASGI middleware for /v1/ routes (and /tokenize, /detokenize): 401 without a valid API key, 413 past
+    `max_request_bytes`."""
 
     def __init__(self, app: ASGIApp, keys: ApiKeys, max_request_bytes: int) -> None:
         self.app = app
@@ -38,7 +42,7 @@ class RequestGuard:
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not (scope["path"].startswith("/v1/") or scope["path"] in GUARDED_ROOT_PATHS):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

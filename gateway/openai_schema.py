@@ -272,3 +272,26 @@ class ChatCompletionRequest(_Sampling):
             raise InvalidRequest("a tool choice answers in tool calls; it cannot be combined with response_format "
                                  "or guided_*", param="tool_choice")
         return common_pb2.Grammar(json_schema=json.dumps(plan.schema))
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the chat template (as the target would see them)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[TokenId]

@@ -103,3 +103,14 @@ def test_sampled_sd_carries_q_over_the_session(stack):
 
     (text1, usage1), (text2, _) = run(), run()
     assert text1 == text2 and usage1["speculation"]["num_draft_tokens"] > 0
+
+
+def test_tokenize_counts_what_the_chat_prompt_costs_and_detokenize_reverses_it(stack):
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    counted = httpx.post(stack.url + "/tokenize", json={"messages": messages}, headers=headers, timeout=30).json()
+    reply = openai_client(stack.url, API_KEY).chat.completions.create(
+        model="smollm2-135m-instruct", messages=messages, max_tokens=1, temperature=0)
+    assert counted["count"] == len(counted["tokens"]) == reply.usage.prompt_tokens and counted["max_model_len"] > 0
+    text = httpx.post(stack.url + "/detokenize", json={"tokens": counted["tokens"]}, headers=headers, timeout=30)
+    assert PROMPTS[0] in text.json()["prompt"]
