@@ -18,7 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest, ModelNotFound, NoReplica, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.router import Router
-from gateway.tokenizer import IncrementalDetokenizer, StopStrings, TextTokenizer
+from gateway.tokenizer import ChatRender, IncrementalDetokenizer, StopStrings, TextTokenizer
 from protos.ssd.v1 import common_pb2, target_pb2
 
 log = structlog.get_logger(__name__)
@@ -38,8 +38,7 @@ class TextRequest:
     stop: tuple[str, ...] = ()
     mode: str | None = None  # "ar" | "sd" | "ssd" | None (the target's default)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    tools: list[dict] | None = None  # function calling: the tools, for the chat template
-    tool_tags: bool = False  # tool_choice "auto": the model writes its calls in tags (told so if need be)
+    render: ChatRender = field(default_factory=ChatRender)  # how `messages` become the prompt
 
 
 @dataclass
@@ -105,7 +104,7 @@ class TextGenerator:
                 raise InvalidRequest("the prompt is empty", param="prompt")
             return list(req.prompt)
         tok = self.tokenizer()
-        text = tok.chat_prompt(req.messages, req.tools, req.tool_tags) if req.messages is not None else req.prompt
+        text = tok.chat_prompt(req.messages, req.render) if req.messages is not None else req.prompt
         if not text:
             raise InvalidRequest("the prompt is empty", param="prompt")
         return tok.encode(text)

@@ -152,7 +152,8 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         """The prompt's token ids as the target would see them (vLLM's shape); chat messages through the template."""
         served_model(body.model)
         tok = generator.tokenizer()
-        text = tok.chat_prompt([m.for_template() for m in body.messages]) if body.messages else body.prompt
+        text = (tok.chat_prompt([m.for_template() for m in body.messages], body.chat_render()) if body.messages
+                else body.prompt)
         ids = tok.encode(text or "")
         info = generator.router.info()
         return {"count": len(ids), "max_model_len": info.max_model_len if info is not None else 0, "tokens": ids}
@@ -201,8 +202,8 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = _params(body, max_tokens, body.wanted_logprobs())
         plan = body.tool_plan()
-        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode,
-                          tools=body.template_tools(), tool_tags=plan is not None and plan.choice == "auto")
+        render = body.chat_render(body.template_tools(), plan is not None and plan.choice == "auto")
+        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode, render=render)
         return await run(request, req.request_id, [req], body, chat=True)
 
     return app

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from gateway.errors import InvalidRequest
+from gateway.tokenizer import ChatRender
 from gateway.tool_calls import Tool, ToolCall, ToolChoice, ToolPlan, plan_tools
 from protos.ssd.v1 import common_pb2
 
@@ -225,7 +226,35 @@ class Message(BaseModel):
         return out
 
 
-class ChatCompletionRequest(_Sampling):
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+class _ChatRendering(BaseModel):
+    """vLLM's chat-template options (chat completions and /tokenize)."""
+
+    add_generation_prompt: StrictBool = True  # open the assistant's turn after the messages
+    continue_final_message: StrictBool = False  # the answer continues the last (assistant) message
+    chat_template_kwargs: dict[str, Any] | None = None  # more template variables (e.g. Qwen3's enable_thinking)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "_ChatRendering":
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt: false (the answer continues the "
+                             "last message instead of opening a new turn)")
+        messages = getattr(self, "messages", None)
+        if self.continue_final_message and messages and messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
+        reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)} (the server sets them)")
+        return self
+
+    def chat_render(self, tools: list[dict[str, Any]] | None = None, tool_tags: bool = False) -> ChatRender:
+        return ChatRender(tools, tool_tags, self.add_generation_prompt, self.continue_final_message,
+                          self.chat_template_kwargs)
+
+
+class ChatCompletionRequest(_ChatRendering, _Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: StrictBool | None = None
@@ -274,7 +303,7 @@ class ChatCompletionRequest(_Sampling):
         return common_pb2.Grammar(json_schema=json.dumps(plan.schema))
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_ChatRendering):
     """vLLM's /tokenize: a prompt, or chat messages rendered by the chat template (as the target would see them)."""
 
     model_config = ConfigDict(extra="ignore")

@@ -5,6 +5,7 @@ template rendered as transformers renders it (sandboxed, trim_blocks, lstrip_blo
 """
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -18,6 +19,27 @@ from protos.ssd.v1 import target_pb2
 
 def _raise(message: str) -> None:
     raise InvalidRequest(message)
+
+
+@dataclass(frozen=True)
+class ChatRender:
+    """How chat messages become a prompt, beyond the messages (vLLM's chat extensions and function calling)."""
+
+    tools: list[dict[str, Any]] | None = None  # function calling: the tools, for the template
+    tool_tags: bool = False  # tool_choice "auto": the model writes its calls in tags (told so if need be)
+    add_generation_prompt: bool = True  # open the assistant's turn
+    continue_final_message: bool = False  # the prompt ends inside the last (assistant) message: the model goes on
+    template_kwargs: dict[str, Any] | None = None  # more template variables (e.g. Qwen3's enable_thinking)
+
+
+def continued(text: str, final: dict[str, Any]) -> str:
+    """The rendered conversation cut right after the final message's content."""
+    content = final.get("content") or ""
+    at = text.rfind(content) if content else -1
+    if at < 0:
+        raise InvalidRequest("continue_final_message: the chat template does not render the last message's content "
+                             "as it is, so there is no place to continue it from", param="messages")
+    return text[: at + len(content)]
 
 
 class TextTokenizer:
@@ -45,23 +67,27 @@ class TextTokenizer:
         """One token's text, special tokens included (a piece of a multi-byte character decodes to U+FFFD)."""
         return self._tok.decode([token_id], skip_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                    tool_tags: bool = False) -> str:
-        """The template rendered for the next assistant turn. `tools` (function calling) go to the template, or,
-        when it does not render tools, into a system message (telling the call tags when `tool_tags`); past
-        tool calls into the assistant's content likewise."""
+    def chat_prompt(self, messages: list[dict[str, Any]], render: ChatRender | None = None) -> str:
+        """The template rendered for the next assistant turn (or, with `continue_final_message`, up to the end of
+        the last assistant message, for the model to go on with it). Tools (function calling) go to the template,
+        or, when it does not render tools, into a system message (telling the call tags under "auto"); past tool
+        calls into the assistant's content likewise."""
+        render = render or ChatRender()
         if self._template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions with a prompt")
         if not self.template_knows_tool_calls:
             messages = [with_calls_as_text(m) for m in messages]
+        tools = render.tools
         if tools and not self.template_knows_tools:
-            messages, tools = with_tools_message(messages, tools, tool_tags), None
-        extra = {"tools": tools} if tools else {}
+            messages, tools = with_tools_message(messages, tools, render.tool_tags), None
+        variables = {**(render.template_kwargs or {}), "messages": messages, "bos_token": self.bos_token,
+                     "eos_token": self.eos_token, **({"tools": tools} if tools else {}),
+                     "add_generation_prompt": render.add_generation_prompt and not render.continue_final_message}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True,
-                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+            text = self._template.render(**variables)
         except jinja2.TemplateError as e:
             raise InvalidRequest(f"the chat template rejected the messages: {e}") from e
+        return continued(text, messages[-1]) if render.continue_final_message else text
 
 
 def with_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """vLLM's /tokenize and /detokenize on the HTTP bridge (stub generator, the letter tokenizer): prompts and chat
-messages (through the template) to token ids and back, guarded like /v1/, bad bodies and other models refused."""
+messages (through the template) to token ids and back, guarded like /v1/, bad bodies and other models refused;
+and vLLM's chat-template options (add_generation_prompt, continue_final_message, chat_template_kwargs)."""
 
 import asyncio
 import json
@@ -13,7 +14,8 @@ from protos.ssd.v1 import target_pb2
 from tests.gateway.test_http_asgi import HEADERS, StubGenerator, _post, make_app
 from tests.letter_models import write_letter_tokenizer
 
-TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}n{% endif %}"
+TEMPLATE = ("{% if shout %}m{% endif %}{% for m in messages %}{{ m.content }}k{% endfor %}"
+            "{% if add_generation_prompt %}n{% endif %}")  # k ends a turn, n opens the assistant's
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def test_a_prompt_and_chat_messages_become_the_token_ids_the_target_would_see(ge
     assert r.json() == {"count": 3, "max_model_len": 64, "tokens": [2, 3, 4]}
     r = _call(generator, "/tokenize", {"model": "stub", "messages": [{"role": "user", "content": "ab"},
                                                                       {"role": "assistant", "content": "c"}]})
-    assert r.json()["tokens"] == [2, 3, 4, 15]  # the template's generation prompt adds "n"
+    assert r.json()["tokens"] == [2, 3, 12, 4, 12, 15]  # "ab" k "c" k, then the generation prompt "n"
 
 
 def test_detokenize_reverses_tokenize(generator):
@@ -62,3 +64,38 @@ def test_bad_bodies_and_other_models_are_refused(generator, path, body, status):
 def test_tokenize_needs_the_api_key(generator):
     r = _call(generator, "/tokenize", {"prompt": "a"}, {k: v for k, v in HEADERS.items() if k != "Authorization"})
     assert r.status_code == 401
+
+
+CHAT = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "cd"}]
+
+
+@pytest.mark.parametrize(("options", "tokens"), [
+    ({"add_generation_prompt": False}, [2, 3, 12, 4, 5, 12]),
+    ({"add_generation_prompt": False, "continue_final_message": True}, [2, 3, 12, 4, 5]),  # the answer goes on "cd"
+    ({"chat_template_kwargs": {"shout": True}}, [14, 2, 3, 12, 4, 5, 12, 15]),
+])
+def test_chat_template_options_shape_the_prompt(generator, options, tokens):
+    r = _call(generator, "/tokenize", {"messages": CHAT, **options})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == tokens
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"continue_final_message": True}, "add_generation_prompt: false"),
+    ({"add_generation_prompt": False, "continue_final_message": True, "messages": CHAT[:1]}, "assistant"),
+    ({"chat_template_kwargs": {"messages": []}}, "may not set messages"),
+])
+def test_inconsistent_chat_template_options_are_400s(generator, options, message):
+    for path in ("/tokenize", "/v1/chat/completions"):
+        r = _call(generator, path, {"messages": CHAT, "max_tokens": 4, **options})
+        assert r.status_code == 400 and message in r.json()["error"]["message"], (path, r.json())
+
+
+def test_chat_completions_hand_the_options_to_the_prompt(generator):
+    generator.requests.clear()
+    body = {"messages": CHAT, "max_tokens": 4, "add_generation_prompt": False, "continue_final_message": True,
+            "chat_template_kwargs": {"shout": True}}
+    assert _call(generator, "/v1/chat/completions", body).status_code == 200
+    render = generator.requests[-1].render
+    assert not render.add_generation_prompt and render.continue_final_message
+    assert render.template_kwargs == {"shout": True}

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gateway.generation import TextDelta, TextRequest
-from gateway.tokenizer import TextTokenizer
+from gateway.tokenizer import ChatRender, TextTokenizer
 from protos.ssd.v1 import target_pb2
 from tests.gateway.test_http_asgi import StubGenerator, _post, assert_openai_error, make_app
 
@@ -52,7 +52,7 @@ def test_a_named_tool_choice_answers_with_that_functions_arguments():
     r = _chat(gen, tools=TOOLS, tool_choice=NAMED)
     assert r.status_code == 200, r.text
     assert _grammar(gen) == WEATHER
-    assert [t["function"]["name"] for t in gen.requests[0].tools] == ["get_weather", "get_time"]
+    assert [t["function"]["name"] for t in gen.requests[0].render.tools] == ["get_weather", "get_time"]
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
@@ -132,7 +132,7 @@ def test_auto_parses_tagged_calls_out_of_free_text(answer, content, calls):
     gen = AnsweringGenerator([answer])
     r = _chat(gen, tools=TOOLS)  # tool_choice "auto": the default with tools
     assert r.status_code == 200, r.text
-    assert not gen.requests[0].params.HasField("grammar") and gen.requests[0].tool_tags
+    assert not gen.requests[0].params.HasField("grammar") and gen.requests[0].render.tool_tags
     choice = r.json()["choices"][0]
     assert choice["message"]["content"] == content
     if calls is None:
@@ -159,7 +159,7 @@ def test_tool_choice_none_answers_in_text_without_the_tools():
     gen = AnsweringGenerator(["It is sunny."])
     r = _chat(gen, tools=TOOLS, tool_choice="none")
     assert r.json()["choices"][0]["message"]["content"] == "It is sunny."
-    assert not gen.requests[0].params.HasField("grammar") and gen.requests[0].tools is None
+    assert not gen.requests[0].params.HasField("grammar") and gen.requests[0].render.tools is None
 
 
 @pytest.mark.parametrize(("extra", "param"), [
@@ -220,15 +220,15 @@ CALL = {"id": "c", "type": "function", "function": {"name": "get_time", "argumen
 def test_a_template_without_tools_gets_them_in_a_system_message_and_calls_as_text():
     tok = _tokenizer(PLAIN)
     text = tok.chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Time?"},
-                            {"role": "assistant", "content": "", "tool_calls": [CALL]}], TOOLS)
+                            {"role": "assistant", "content": "", "tool_calls": [CALL]}], ChatRender(TOOLS))
     system, user, assistant = text.splitlines()[0], text.splitlines()[-2], text.splitlines()[-1]
     assert system.startswith("<system>Be brief.") and '"name": "get_weather"' in text and "Weather now" in text
     assert user == "<user>Time?" and assistant == '<assistant>[{"name": "get_time", "arguments": "{}"}]'
-    assert tok.chat_prompt([{"role": "user", "content": "Hi"}], TOOLS).startswith("<system>You can call")
+    assert tok.chat_prompt([{"role": "user", "content": "Hi"}], ChatRender(TOOLS)).startswith("<system>You can call")
     assert "<tool_call>" not in text and "<tool_call>" in tok.chat_prompt([{"role": "user", "content": "Hi"}],
-                                                                         TOOLS, tool_tags=True)
+                                                                         ChatRender(TOOLS, tool_tags=True))
 
 
 def test_a_template_that_knows_tools_renders_them_itself():
-    text = _tokenizer(TOOLED).chat_prompt([{"role": "user", "content": "Time?"}], TOOLS)
+    text = _tokenizer(TOOLED).chat_prompt([{"role": "user", "content": "Time?"}], ChatRender(TOOLS))
     assert text == "TOOLS=get_weather,get_time\n<user>Time?\n"

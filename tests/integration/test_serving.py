@@ -114,3 +114,20 @@ def test_tokenize_counts_what_the_chat_prompt_costs_and_detokenize_reverses_it(s
     assert counted["count"] == len(counted["tokens"]) == reply.usage.prompt_tokens and counted["max_model_len"] > 0
     text = httpx.post(stack.url + "/detokenize", json={"tokens": counted["tokens"]}, headers=headers, timeout=30)
     assert PROMPTS[0] in text.json()["prompt"]
+
+
+def test_continue_final_message_answers_from_inside_the_assistants_text(stack):
+    """vLLM's assistant prefill: the answer continues the last message; the same token-id prompt through
+    /v1/completions gives the same greedy text."""
+    messages = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "My favourite fruit is"}]
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    tokens = httpx.post(stack.url + "/tokenize", json={"messages": messages, **options}, headers=headers,
+                        timeout=30).json()["tokens"]
+    prompt = httpx.post(stack.url + "/detokenize", json={"tokens": tokens}, headers=headers, timeout=30).json()
+    assert prompt["prompt"].endswith("My favourite fruit is")
+    client = openai_client(stack.url, API_KEY)
+    chat = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages, max_tokens=8,
+                                          temperature=0, extra_body=options)
+    plain = client.completions.create(model="smollm2-135m-instruct", prompt=tokens, max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content == plain.choices[0].text and plain.choices[0].text
