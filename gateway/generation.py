@@ -39,6 +39,8 @@ class TextRequest:
     mode: str | None = None  # "ar" | "sd" | "ssd" | None (the target's default)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     render: ChatRender = field(default_factory=ChatRender)  # how `messages` become the prompt
+    include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string that ended the text stays
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep only the prompt's last N tokens
 
 
 @dataclass
@@ -83,6 +85,8 @@ class TextGenerator:
         if req.mode not in MODES:
             raise InvalidRequest(f"mode must be 'ar', 'sd' or 'ssd', got {req.mode!r}", param="mode")
         ids = self._prompt_ids(req)
+        if req.truncate_prompt_tokens:
+            ids = ids[-req.truncate_prompt_tokens :]
         info = self.router.info()
         max_len = info.max_model_len if info is not None else 0
         limit = self.config.max_prompt_tokens or max(1, max_len - 1)
@@ -114,7 +118,7 @@ class TextGenerator:
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
         start = time.perf_counter()
         detok = IncrementalDetokenizer(self.tokenizer())
-        stops = StopStrings(list(req.stop))
+        stops = StopStrings(list(req.stop), include=req.include_stop)
         target_req = target_pb2.VerifierGenerateRequest(request_id=req.request_id, prompt_token_ids=ids,
                                                         params=params, mode=MODES[req.mode])
         num_tokens, last_time, tried, sent_prompt = 0, None, set(), False

@@ -188,7 +188,7 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         if candidates > n and body.logprobs is None:
             params.logprobs = 0  # ranking the candidates needs each token's logprob; the response leaves them out
         request_id = uuid.uuid4().hex
-        reqs = [TextRequest(body.model, p, None, params, body.stop_list(), body.mode,
+        reqs = [TextRequest(body.model, p, None, params, body.stop_list(), body.mode, **body.text_options(),
                             request_id=f"{request_id}-p{j}" if len(prompts) > 1 else request_id)
                 for j, p in enumerate(prompts)]
         echoes = None
@@ -203,7 +203,8 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         params = _params(body, max_tokens, body.wanted_logprobs())
         plan = body.tool_plan()
         render = body.chat_render(body.template_tools(), plan is not None and plan.choice == "auto")
-        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode, render=render)
+        req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode, render=render,
+                          **body.text_options())
         return await run(request, req.request_id, [req], body, chat=True)
 
     return app

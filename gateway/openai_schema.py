@@ -92,6 +92,8 @@ class _Sampling(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM): relative probability floor
     min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): EOS / stop token ids barred before this many
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM): token ids that end the answer
+    include_stop_str_in_output: StrictBool = False  # extension (vLLM): the stop string that ended the text stays
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)  # extension (vLLM): the prompt's last N tokens
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: StrictBool = False
@@ -148,6 +150,10 @@ class _Sampling(BaseModel):
     def token_bias(self) -> dict[int, float]:
         return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
+    def text_options(self) -> dict[str, Any]:
+        """The TextRequest fields these options set."""
+        return {"include_stop": self.include_stop_str_in_output, "truncate_prompt_tokens": self.truncate_prompt_tokens}
+
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -173,6 +179,12 @@ class CompletionRequest(_Sampling):
 
     def candidates(self) -> int:
         return self.best_of or self.n or 1
+
+    @model_validator(mode="after")
+    def _echo_whole_prompt(self) -> "CompletionRequest":
+        if self.echo and self.truncate_prompt_tokens:
+            raise ValueError("echo and truncate_prompt_tokens cannot be combined (which prompt would be echoed?)")
+        return self
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt of the request: a text or a list of token ids."""

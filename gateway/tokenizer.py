@@ -128,10 +128,12 @@ class IncrementalDetokenizer:
 
 
 class StopStrings:
-    """Cuts the text before the first stop string; holds back a tail that could still start one."""
+    """Cuts the text before the first stop string (after it with `include`, vLLM's include_stop_str_in_output);
+    holds back a tail that could still start one."""
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include = include
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.pending = ""
         self.is_stopped = False
@@ -139,10 +141,11 @@ class StopStrings:
     def push(self, delta: str, is_last: bool = False) -> str:
         """Text safe to emit now; sets is_stopped when a stop string appeared."""
         self.pending += delta
-        hits = [at for at in (self.pending.find(stop) for stop in self.stops) if at >= 0]
+        hits = [(at, -len(stop)) for stop in self.stops if (at := self.pending.find(stop)) >= 0]
         if hits:
             self.is_stopped = True
-            out, self.pending = self.pending[: min(hits)], ""
+            at, minus_len = min(hits)  # the first stop string; the longest of those starting there
+            out, self.pending = self.pending[: at - minus_len if self.include else at], ""
             return out
         if is_last or not self.hold:
             out, self.pending = self.pending, ""

@@ -526,3 +526,13 @@ def test_guided_choice_regex_matches_exactly_its_strings():
     regex = choice_regex(choices)
     assert all(re.fullmatch(regex, c) for c in choices)
     assert not any(re.fullmatch(regex, c) for c in ["a_b (c)", "x", "price: $55", "{j}{j}", "back\\\\slash"])
+
+
+def test_vllm_text_options_reach_the_text_request_and_echo_refuses_truncation():
+    gen = StubGenerator()
+    body = {"prompt": "hi", "max_tokens": 5, "include_stop_str_in_output": True, "truncate_prompt_tokens": 7}
+    assert asyncio.run(_post(make_app(gen), json.dumps(body).encode())).status_code == 200
+    assert gen.requests[0].include_stop and gen.requests[0].truncate_prompt_tokens == 7
+    r = asyncio.run(_post(make_app(gen), json.dumps({**body, "echo": True}).encode()))
+    assert_openai_error(r, 400)
+    assert "truncate_prompt_tokens" in r.json()["error"]["message"]

@@ -56,6 +56,14 @@ def test_stop_strings_cut_before_the_stop_across_deltas():
     assert s.push("abc") == "abc"
 
 
+def test_included_stop_strings_end_the_text_after_the_first_stop():
+    s = StopStrings(["###", "END"], include=True)
+    out = [s.push(d) for d in ["Hello wor", "ld #", "#", "# more END"]]
+    assert "".join(out) == "Hello world ###" and s.is_stopped
+    s = StopStrings(["a", "ab", "b"], include=True)  # two stops start at the same place: the longer one
+    assert s.push("xxabc") == "xxab"
+
+
 def test_logprobs_in_both_openai_shapes(both):
     from gateway.logprobs_format import chat_logprobs, completion_logprobs
     from protos.ssd.v1 import common_pb2

@@ -131,3 +131,15 @@ def test_continue_final_message_answers_from_inside_the_assistants_text(stack):
                                           temperature=0, extra_body=options)
     plain = client.completions.create(model="smollm2-135m-instruct", prompt=tokens, max_tokens=8, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text and plain.choices[0].text
+
+
+def test_stop_strings_can_stay_in_the_text_and_prompts_can_be_truncated(stack):
+    client = openai_client(stack.url, API_KEY)
+    ask = {"model": "smollm2-135m-instruct", "prompt": "The sky is blue because", "max_tokens": 40, "temperature": 0,
+           "stop": ["."]}
+    cut = client.completions.create(**ask).choices[0]
+    kept = client.completions.create(**ask, extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert cut.finish_reason == kept.finish_reason == "stop" and kept.text == cut.text + "."
+    reply = client.completions.create(model="smollm2-135m-instruct", prompt="one two three four five six seven",
+                                      max_tokens=2, extra_body={"truncate_prompt_tokens": 3})
+    assert reply.usage.prompt_tokens == 3
