@@ -21,6 +21,8 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
         raise InvalidRequest("a GenerateRequest needs a prompt or chat messages")
     if req.max_tokens < 0:
         raise InvalidRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
+    if req.HasField("truncate_prompt_tokens") and req.truncate_prompt_tokens < 1:
+        raise InvalidRequest(f"truncate_prompt_tokens must be >= 1, got {req.truncate_prompt_tokens}")
     params = common_pb2.SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k,
                                        max_tokens=req.max_tokens, presence_penalty=req.presence_penalty,
                                        frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias,
@@ -36,7 +38,9 @@ def _text_request(req: gateway_pb2.GenerateRequest) -> TextRequest:
         params.prompt_logprobs = req.prompt_logprobs
     messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
     return TextRequest(req.model or None, req.prompt if which == "prompt" else None, messages, params,
-                       tuple(req.stop), MODE_NAMES.get(req.mode))
+                       tuple(req.stop), MODE_NAMES.get(req.mode), include_stop=req.include_stop_str_in_output,
+                       truncate_prompt_tokens=req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens")
+                       else None)
 
 
 def _usage(d: TextDelta) -> gateway_pb2.Usage:

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP bridge: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health, /metrics,
-and vLLM's /tokenize and /detokenize.
+and vLLM's /tokenize, /detokenize and /version.
 
 Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps to. A client that goes
 away cancels its generation (the target call), streaming or not; /v1/ is guarded by `http_asgi.RequestGuard`.
@@ -9,6 +9,8 @@ import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
 
 import structlog
 from fastapi import FastAPI, Request
@@ -54,6 +56,13 @@ def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> co
     return params
 
 
+def package_version() -> str:
+    try:
+        return distribution_version("ssd-serve")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def without_answer(d: TextDelta) -> TextDelta:
     """A candidate scored but not answered (echo with max_tokens=0): its one generated token is dropped."""
     return dataclasses.replace(d, text="", token_ids=[], logprobs=[], completion_tokens=0, finish_reason="length")
@@ -90,8 +99,14 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
 
     @app.get("/v1/models")
     async def models() -> dict:
+        info = generator.router.info()  # max_model_len: vLLM's extension (0 until a replica has answered)
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
-                                            "owned_by": "ssd-serve"}]}
+                                            "owned_by": "ssd-serve",
+                                            "max_model_len": info.max_model_len if info is not None else 0}]}
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": package_version()}
 
     async def run(request: Request, request_id: str, prompts: list[TextRequest],
                   sampling: CompletionRequest | ChatCompletionRequest, chat: bool, echoes: list[str] | None = None,
@@ -103,7 +118,9 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, sampling.wanted_logprobs()
                              is not None, generator.tokenizer,
                              None if echoes is None else [e for e in echoes for _ in range(n)],
-                             sampling.tool_plan() if isinstance(sampling, ChatCompletionRequest) else None)
+                             sampling.tool_plan() if isinstance(sampling, ChatCompletionRequest) else None,
+                             continuous_usage=bool(sampling.stream and sampling.stream_options
+                                                   and sampling.stream_options.continuous_usage_stats))
         reqs = [c for r in prompts for c in choice_requests(r, candidates)]
         if not sampling.stream:
             done = await unless_disconnected(complete_all(generator, reqs), request.receive)

@@ -31,9 +31,10 @@ def usage(d: TextDelta) -> dict:
 class OpenAIResponse:
     def __init__(self, request_id: str, model: str, chat: bool, num_choices: int, wants_logprobs: bool,
                  tokenizer: Callable[[], TextTokenizer], echoes: list[str] | None = None,
-                 tools: ToolPlan | None = None) -> None:
+                 tools: ToolPlan | None = None, continuous_usage: bool = False) -> None:
         """`echoes`: completions' echo=true: per choice, the prompt text its text (and logprobs) starts with.
-        `tools`: chat answers are tool calls."""
+        `tools`: chat answers are tool calls. `continuous_usage`: every stream chunk carries its choice's usage."""
+        self.continuous_usage = continuous_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = self.object + (".chunk" if chat else "")
@@ -99,7 +100,11 @@ class OpenAIResponse:
             choice["delta"], choice["finish_reason"] = self._call_delta(self.tools, i, text, d.finish_reason)
         else:
             choice |= {"delta": {"content": text}} if self.chat else {"text": text}
-        return self._head(self.chunk_object) | {"choices": [choice]}
+        body = self._head(self.chunk_object) | {"choices": [choice]}
+        if self.continuous_usage:
+            body["usage"] = {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+                             "total_tokens": d.prompt_tokens + d.completion_tokens}
+        return body
 
     def _call_delta(self, plan: ToolPlan, i: int, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
         """A tool-call stream's delta and finish reason: a named call opens with its id and name, then streams

@@ -76,7 +76,8 @@ class ResponseFormat(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: StrictBool = False
+    include_usage: StrictBool = False  # a last chunk with the usage of every choice
+    continuous_usage_stats: StrictBool = False  # extension (vLLM): each chunk carries its choice's usage so far
 
 
 class _Sampling(BaseModel):

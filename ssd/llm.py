@@ -60,6 +60,19 @@ class LLM:
     def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
         return self._require_tokenizer().apply_chat_template(messages)
 
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of {"role", "content"} messages) or several (batched together),
+        through the model's chat template."""
+        if not messages:
+            raise InvalidRequestError("no messages")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        return self.generate([self.chat_prompt(list(c)) for c in conversations], params, use_tqdm)
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
 

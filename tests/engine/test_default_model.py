@@ -5,6 +5,7 @@ import torch
 
 from ssd.context import ForwardMode
 from ssd.engine.model_runner import ForwardItem
+from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 
@@ -95,3 +96,14 @@ def test_verify_forward_equals_decode_steps(llm, prompts):
     assert (verify - torch.stack(steps)).abs().max().item() <= 1e-4
     bm.free(a)
     bm.free(b)
+
+
+def test_chat_answers_conversations_through_the_template(llm):
+    one = [{"role": "user", "content": "Name a colour."}]
+    two = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Name a fruit."}]
+    params = SamplingParams(max_tokens=6)
+    expected = [llm.generate(llm.chat_prompt(c), params)[0].token_ids for c in (one, two)]
+    assert [o.token_ids for o in llm.chat([one, two], params)] == expected
+    assert llm.chat(one, params)[0].token_ids == expected[0]
+    with pytest.raises(InvalidRequestError, match="no messages"):
+        llm.chat([], params)

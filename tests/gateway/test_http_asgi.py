@@ -536,3 +536,13 @@ def test_vllm_text_options_reach_the_text_request_and_echo_refuses_truncation():
     r = asyncio.run(_post(make_app(gen), json.dumps({**body, "echo": True}).encode()))
     assert_openai_error(r, 400)
     assert "truncate_prompt_tokens" in r.json()["error"]["message"]
+
+
+def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk():
+    body = {"prompt": "hi", "max_tokens": 5, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    r = asyncio.run(_post(make_app(StubGenerator()), json.dumps(body).encode()))
+    events, texts = streamed_texts(r)
+    assert texts == {0: "ok"}
+    assert [e["usage"]["completion_tokens"] for e in events] == [1, 2]
+    assert all(e["usage"]["prompt_tokens"] == 3 and e["usage"]["total_tokens"] == 3 + e["usage"]["completion_tokens"]
+               for e in events)

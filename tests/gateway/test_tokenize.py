@@ -99,3 +99,14 @@ def test_chat_completions_hand_the_options_to_the_prompt(generator):
     render = generator.requests[-1].render
     assert not render.add_generation_prompt and render.continue_final_message
     assert render.template_kwargs == {"shout": True}
+
+
+def test_models_carry_max_model_len_and_version_answers(generator):
+    async def get(path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=make_app(generator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return await client.get(path, headers=HEADERS)
+
+    (model,) = asyncio.run(get("/v1/models")).json()["data"]
+    assert model["id"] == "stub" and model["max_model_len"] == 64
+    assert asyncio.run(get("/version")).json()["version"]
