@@ -8,6 +8,7 @@ F_K = F_0 a^(K/(1+r)) (1-a)^(-1/(1+r)). `FanOutEstimator` measures a and r onlin
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ssd.errors import InvalidRequestError
@@ -49,6 +50,22 @@ def fan_out_shape(kind: str, a: float, r: float, k: int, budget: int) -> tuple[i
     if kind == "uniform":
         return uniform_fan_out(k, budget)
     raise InvalidRequestError(f"fan-out must be one of {FAN_OUT_KINDS}, got {kind!r}")
+
+
+def spend_spare(shape: tuple[int, ...], available: list[int], weights: list[float],
+                hit: Callable[[int], float]) -> list[int]:
+    """Guesses to fork per acceptance length j: F_j, but never more than the `available` candidates at j (a
+    grammar's forced or narrow positions have fewer than F_j); what is left over goes, one guess at a time, to the
+    j where it adds the most hit probability, weights[j] x (hit(c + 1) - hit(c)), weights[j] being P(the round
+    stops at j). The total stays within sum(F) (the budget)."""
+    counts = [min(f, n) for f, n in zip(shape, available, strict=True)]
+    for _ in range(sum(shape) - sum(counts)):
+        gains = [(w * (hit(c + 1) - hit(c)), j)
+                 for j, (c, n, w) in enumerate(zip(counts, available, weights, strict=True)) if c < n]
+        if not gains:
+            break
+        counts[max(gains)[1]] += 1
+    return counts
 
 
 def expected_hit_rate(shape: tuple[int, ...], a: float, r: float) -> float:

@@ -19,7 +19,7 @@ import torch
 from ssd.sampling.sampler import sample_from
 from ssd.spec.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.spec.config import SsdConfig
-from ssd.spec.fanout import FanOutEstimator, fan_out_shape
+from ssd.spec.fanout import FanOutEstimator, fan_out_shape, spend_spare
 from ssd.spec.ngram import NgramProposer
 from ssd.spec.proposer import Proposer, ProposeRequest
 from ssd.spec.saguaro import SaguaroScale, saguaro_scale
@@ -246,18 +246,18 @@ class SsdSpeculator:
         top = logits.topk(min(RANKED_GUESSES + 1, logits.shape[-1]), dim=-1)  # [m+1, 17]
         estimator = self.after_hit if p.spec.cache_hit else self.after_miss
         a = estimator.a
-        fork_points, tokens, predicted = [], [], 0.0
         for j, (row, values) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True)):
             excluded = spec[j] if j < len(spec) else None
             ranked = [t for t, v in zip(row, values, strict=True) if t != excluded and v > float("-inf")]
-            ranked = ranked[:RANKED_GUESSES]
-            state.guesses.append(ranked)
-            chosen = ranked[: shape[j]]
-            fork_points.extend([j] * len(chosen))
-            tokens.extend(chosen)
-            # P(j accepted) under the measured geometric acceptance x the measured P(bonus among F_j guesses)
-            p_j = (1 - a) * a**j if j < len(spec) else a**j
-            predicted += p_j * estimator.hit_probability(len(chosen))
+            state.guesses.append(ranked[:RANKED_GUESSES])
+        # P(the round stops at j) under the measured geometric acceptance
+        stops = [(1 - a) * a**j if j < len(spec) else a**j for j in range(len(state.guesses))]
+        counts = spend_spare(shape, [len(g) for g in state.guesses], stops, estimator.hit_probability)
+        fork_points, tokens, predicted = [], [], 0.0
+        for j, (ranked, count) in enumerate(zip(state.guesses, counts, strict=True)):
+            fork_points.extend([j] * count)
+            tokens.extend(ranked[:count])
+            predicted += stops[j] * estimator.hit_probability(count)  # x the measured P(bonus among the guesses)
         state.predicted_hit = predicted
         return BranchRequest(p.request.seq_id, len(p.request.token_ids), len(spec) + 1, fork_points, tokens)
 

@@ -80,3 +80,20 @@ def test_saguaro_scales_the_top_tokens_and_renormalizes():
     assert torch.allclose(scaled.sum(-1), torch.ones(1))
     assert torch.allclose(scaled, torch.tensor([[0.25, 0.15, 0.1, 0.1]]) / 0.6)
     assert saguaro_scale(probs, top=2, c=1.0) is probs
+
+
+def test_spare_fan_out_goes_where_it_adds_the_most_hit_probability():
+    from ssd.spec.fanout import spend_spare
+
+    def hit(f: int) -> float:
+        return 1 - (f + 1) ** -0.6 if f > 0 else 0.0
+
+    # enough candidates everywhere: the shape as it is
+    assert spend_spare((3, 2, 1), [16, 16, 16], [0.4, 0.3, 0.3], hit) == [3, 2, 1]
+    # j = 0 is forced (no candidate): its 3 guesses go to j = 1 and 2, within what they have
+    counts = spend_spare((3, 2, 1), [0, 16, 2], [0.4, 0.3, 0.3], hit)
+    assert counts[0] == 0 and sum(counts) == 6 and counts[2] <= 2 and counts[1] >= 2
+    # the likelier stop gets the first spare guess
+    assert spend_spare((1, 1, 1), [0, 16, 16], [0.2, 0.7, 0.1], hit) == [0, 2, 1]
+    # nowhere to put them: fewer guesses than the budget
+    assert spend_spare((3, 2), [1, 1], [0.5, 0.5], hit) == [1, 1]
