@@ -50,17 +50,16 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     device = torch.device(config.device)
     path = resolve_model(config.draft)
     if is_eagle3_folder(path):
-        draft, tokenizer_folder = build_eagle3(path, config), resolve_model(str(config.target_model))
+        draft = build_eagle3(path, config)
     else:
         vocab = load_model_config(path).vocab_size
         draft = ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
                                                 kv_cache_memory_mb=config.kv_cache_memory_mb, device=device),
-                             vocab, device=device)
-        tokenizer_folder = path
+                             vocab, device=device, grammars=grammar_compiler(path))
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
     log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
              backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
-    return replace(draft, ssd=ssd, device=device, grammars=grammar_compiler(tokenizer_folder))
+    return replace(draft, ssd=ssd, device=device)
 
 
 def grammar_compiler(folder: Path) -> GrammarCompiler | None:
@@ -91,7 +90,8 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     proposer = Eagle3Proposer(path, embedding, target_config, config.dtype, device=torch.device(config.device))
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
-    return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device))
+    return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device),
+                        grammars=grammar_compiler(target))  # a head drafts in its target's vocabulary
 
 
 def load_target_embedding(folder: Path) -> torch.Tensor:

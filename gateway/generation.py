@@ -77,18 +77,27 @@ class TextGenerator:
             self._tokenizer = TextTokenizer(info.tokenizer)
         return self._tokenizer
 
+    @property
+    def max_model_len(self) -> int:
+        """The served model's context length; 0 until a replica has answered."""
+        info = self.router.info()
+        return info.max_model_len if info is not None else 0
+
+    def check_model(self, name: str | None) -> None:
+        """ModelNotFound unless `name` is empty or the served model."""
+        if name and name != self.model_name:
+            raise ModelNotFound(f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                                param="model")
+
     def prepare(self, req: TextRequest) -> tuple[list[int], common_pb2.SamplingParams]:
         """Prompt token ids and final sampling params; raises InvalidRequest / ModelNotFound."""
-        if req.model and req.model != self.model_name:
-            raise ModelNotFound(f"the model '{req.model}' does not exist; this server serves '{self.model_name}'",
-                                param="model")
+        self.check_model(req.model)
         if req.mode not in MODES:
             raise InvalidRequest(f"mode must be 'ar', 'sd' or 'ssd', got {req.mode!r}", param="mode")
         ids = self._prompt_ids(req)
         if req.truncate_prompt_tokens:
             ids = ids[-req.truncate_prompt_tokens :]
-        info = self.router.info()
-        max_len = info.max_model_len if info is not None else 0
+        max_len = self.max_model_len
         limit = self.config.max_prompt_tokens or max(1, max_len - 1)
         if len(ids) > limit:
             raise InvalidRequest(f"the prompt has {len(ids)} tokens; at most {limit} are allowed", param="prompt")

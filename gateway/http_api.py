@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.auth import ApiKeys
 from gateway.choices import best_choices, choice_requests, complete_all, merged_streams
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, openai_error_body
+from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
 from gateway.openai_responses import OpenAIResponse
@@ -99,10 +99,9 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
 
     @app.get("/v1/models")
     async def models() -> dict:
-        info = generator.router.info()  # max_model_len: vLLM's extension (0 until a replica has answered)
         return {"object": "list", "data": [{"id": generator.model_name, "object": "model", "created": 0,
                                             "owned_by": "ssd-serve",
-                                            "max_model_len": info.max_model_len if info is not None else 0}]}
+                                            "max_model_len": generator.max_model_len}]}  # vLLM's extension
 
     @app.get("/version")
     async def version() -> dict:
@@ -118,7 +117,7 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, sampling.wanted_logprobs()
                              is not None, generator.tokenizer,
                              None if echoes is None else [e for e in echoes for _ in range(n)],
-                             sampling.tool_plan() if isinstance(sampling, ChatCompletionRequest) else None,
+                             sampling.tool_plan if isinstance(sampling, ChatCompletionRequest) else None,
                              continuous_usage=bool(sampling.stream and sampling.stream_options
                                                    and sampling.stream_options.continuous_usage_stats))
         reqs = [c for r in prompts for c in choice_requests(r, candidates)]
@@ -159,25 +158,19 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
-    def served_model(name: str | None) -> None:
-        if name and name != generator.model_name:
-            raise ModelNotFound(f"the model '{name}' does not exist; this server serves '{generator.model_name}'",
-                                param="model")
-
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
         """The prompt's token ids as the target would see them (vLLM's shape); chat messages through the template."""
-        served_model(body.model)
+        generator.check_model(body.model)
         tok = generator.tokenizer()
         text = (tok.chat_prompt([m.for_template() for m in body.messages], body.chat_render()) if body.messages
                 else body.prompt)
         ids = tok.encode(text or "")
-        info = generator.router.info()
-        return {"count": len(ids), "max_model_len": info.max_model_len if info is not None else 0, "tokens": ids}
+        return {"count": len(ids), "max_model_len": generator.max_model_len, "tokens": ids}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:
-        served_model(body.model)
+        generator.check_model(body.model)
         info = generator.router.info()
         vocab = info.vocab_size if info is not None else 0
         if vocab and any(t >= vocab for t in body.tokens):
@@ -218,7 +211,7 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         messages = [m.for_template() for m in body.messages]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = _params(body, max_tokens, body.wanted_logprobs())
-        plan = body.tool_plan()
+        plan = body.tool_plan
         render = body.chat_render(body.template_tools(), plan is not None and plan.choice == "auto")
         req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode, render=render,
                           **body.text_options())

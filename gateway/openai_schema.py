@@ -6,6 +6,7 @@ are ignored, as OpenAI clients send many.
 """
 
 import json
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -134,19 +135,17 @@ class _Sampling(BaseModel):
 
     def grammar(self) -> common_pb2.Grammar | None:
         """The structured-output constraint asked for (at most one way), as the wire's Grammar."""
-        asked = {name: value for name, value in (
-            ("response_format", self.response_format.schema_text() if self.response_format else None),
-            ("guided_json", json.dumps(self.guided_json) if isinstance(self.guided_json, dict) else self.guided_json),
-            ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar),
-            ("guided_choice", choice_regex(self.guided_choice) if self.guided_choice else None)) if value is not None}
+        guided_json = json.dumps(self.guided_json) if isinstance(self.guided_json, dict) else self.guided_json
+        asked = {name: (kind, text) for name, kind, text in (  # field -> (Grammar kind, its text)
+            ("response_format", "json_schema", self.response_format.schema_text() if self.response_format else None),
+            ("guided_json", "json_schema", guided_json),
+            ("guided_regex", "regex", self.guided_regex),
+            ("guided_choice", "regex", choice_regex(self.guided_choice) if self.guided_choice else None),
+            ("guided_grammar", "lark", self.guided_grammar)) if text is not None}
         if len(asked) > 1:
             raise InvalidRequest(f"ask for one structured output at most, got {' and '.join(asked)}",
                                  param=next(iter(asked)))
-        if "guided_regex" in asked or "guided_choice" in asked:
-            return common_pb2.Grammar(regex=asked.get("guided_regex") or asked["guided_choice"])
-        if "guided_grammar" in asked:
-            return common_pb2.Grammar(lark=asked["guided_grammar"])
-        return common_pb2.Grammar(json_schema=next(iter(asked.values()))) if asked else None
+        return common_pb2.Grammar(**dict(asked.values())) if asked else None
 
     def token_bias(self) -> dict[int, float]:
         return {int(k): v for k, v in (self.logit_bias or {}).items()}
@@ -299,15 +298,17 @@ class ChatCompletionRequest(_ChatRendering, _Sampling):
     def wanted_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @cached_property
     def tool_plan(self) -> ToolPlan | None:
+        """How the answer becomes tool calls (None: text); InvalidRequest when the tool choice cannot be served."""
         return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools for the chat template: only when the answer is tool calls."""
-        return [t.model_dump(exclude_none=True) for t in self.tools or []] if self.tool_plan() else None
+        return [t.model_dump(exclude_none=True) for t in self.tools or []] if self.tool_plan else None
 
     def grammar(self) -> common_pb2.Grammar | None:
-        plan, asked = self.tool_plan(), super().grammar()
+        plan, asked = self.tool_plan, super().grammar()
         if plan is None or plan.schema is None:  # "auto" writes free text (its calls in tags)
             return asked
         if asked is not None:

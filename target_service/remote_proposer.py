@@ -158,8 +158,8 @@ class RemoteProposer:
         if state is None:
             prefill = round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
                                           seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF, ssd=r.ssd)
-            grammar = r.grammar.state.grammar if r.grammar is not None else None
-            if grammar is not None:  # the draft compiles it too, to propose only what it allows
+            if r.grammar is not None:  # the draft compiles it too, to propose only what it allows
+                grammar = r.grammar.state.grammar
                 prefill.grammar.CopyFrom(common_pb2.Grammar(**{grammar.kind: grammar.source}))
                 prefill.answer_start = len(r.token_ids) - len(r.grammar.output_ids)
             return prefill

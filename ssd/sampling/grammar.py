@@ -63,7 +63,7 @@ class GrammarState:
     Masks are memoized per path until the answer grows, so the verify's rows reuse the splicing's."""
 
     def __init__(self, matcher, vocab: int, eos_ids: frozenset[int],  # noqa: ANN001 (llguidance.LLMatcher)
-                 grammar: Grammar | None = None) -> None:
+                 grammar: Grammar) -> None:
         self.grammar = grammar  # the source it was compiled from (a remote draft compiles it again)
         self._matcher = matcher
         self._vocab = vocab

@@ -12,6 +12,7 @@ the token logic reads are moved to CPU, where sampling uses the sequences' CPU g
 """
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from ssd.loader.eagle3_checkpoint import load_eagle3_head
 from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import ModelConfig
 from ssd.models.eagle3 import HeadKVCache
+from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.sampler import sample_from
 from ssd.spec.eagle3_tree import TokenTree
 from ssd.spec.proposer import ProposeRequest
@@ -57,11 +59,9 @@ class Eagle3Proposer:
         self.seqs: dict[int, _HeadSeq] = {}
         self._target_ids = self.head.to_target_ids(torch.arange(hc.draft_vocab_size))  # [Vd] on CPU
 
-    def _allowed(self, r: ProposeRequest, paths: list[list[int]]) -> torch.Tensor:  # [n, Vd] bool
-        """Draft tokens r's grammar allows after each path (all of them without a grammar)."""
-        if r.grammar is None:
-            return torch.ones(len(paths), len(self._target_ids), dtype=torch.bool)
-        return r.grammar.allowed(paths)[:, self._target_ids]
+    def _allowed(self, grammar: AnswerGrammar, paths: list[list[int]]) -> torch.Tensor:  # [n, Vd] bool
+        """The draft tokens the grammar allows after each path."""
+        return grammar.allowed(paths)[:, self._target_ids]
 
     def commit(self, seq_id: int, num_committed: int) -> None:
         pass  # real features arrive with the next propose; drafted positions are truncated then
@@ -134,7 +134,7 @@ class Eagle3Proposer:
             for i in list(active):
                 r = requests[i]
                 if r.grammar is not None:
-                    allowed = self._allowed(r, [tokens[i]])[0]  # [Vd]
+                    allowed = self._allowed(r.grammar, [tokens[i]])[0]  # [Vd]
                     if not allowed.any():
                         limits[i] = step
                         active.remove(i)
@@ -160,7 +160,7 @@ class Eagle3Proposer:
         for r in requests:
             state, hidden, logprobs = self._catch_up(r)
             depth_limit = min(r.num_tokens, r.tree.depth) if r.tree is not None else 0
-            allowed = (lambda paths, r=r: self._allowed(r, paths)) if r.grammar is not None else None
+            allowed = partial(self._allowed, r.grammar) if r.grammar is not None else None
             trees.append(TokenTree(r.tree, depth_limit, state.cache.length, hidden, logprobs, allowed))
             caches.append(state.cache)
         growing = list(range(len(trees)))

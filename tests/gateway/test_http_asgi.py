@@ -16,7 +16,7 @@ import uvicorn
 
 from gateway.auth import ApiKeys
 from gateway.errors import InvalidRequest
-from gateway.generation import TextDelta, TextRequest
+from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_api import build_app
 from protos.ssd.v1 import common_pb2
 
@@ -29,8 +29,11 @@ CHUNK = b" " * 512  # JSON whitespace: an over-limit body is still a well-formed
 class StubGenerator:
     """What build_app needs of a TextGenerator: answers 'ok' at once, or hangs until cancelled."""
 
+    check_model = TextGenerator.check_model  # the real checks, over the stub's model name and router
+    max_model_len = TextGenerator.max_model_len
+
     def __init__(self, *, is_hanging: bool = False, error: Exception | None = None) -> None:
-        self.router = SimpleNamespace(replicas=[])
+        self.router = SimpleNamespace(replicas=[], info=lambda: None)
         self.model_name = "stub"
         self.is_hanging = is_hanging
         self.error = error

@@ -52,7 +52,7 @@ def test_a_dead_end_ends_the_answer_instead_of_leaving_no_token():
         def get_error(self) -> str:
             return ""
 
-    rows = GrammarState(DeadEnd(), 16, frozenset({EOS})).allowed([3], [[], [4]])
+    rows = GrammarState(DeadEnd(), 16, frozenset({EOS}), Grammar("regex", "a")).allowed([3], [[], [4]])
     assert rows.nonzero().tolist() == [[0, EOS], [1, EOS]]
 
 
