@@ -64,6 +64,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-core", type=int, default=None,
                    help="pin this process (the target in every mode) to one CPU core, e.g. 0 with --threads 1")
     p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
+                   help="shard the target over this many CPU ranks (engine modes; --threads threads each)")
     add_speculation_flags(p)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
@@ -93,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
         if args.target_core is not None:
             import os

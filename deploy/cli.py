@@ -22,6 +22,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", default="cpu",
                    help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
     s.add_argument("--targets", type=int, default=1, help="target replicas")
+    s.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
+                   help="CPU ranks (processes) each target's model is sharded over, one core each when there are "
+                        "enough; must divide the model's attention and KV heads (the default model: 1 or 3)")
     s.add_argument("--host", default="127.0.0.1",
                    help="address the gateway listens on (0.0.0.0 inside a container); model services stay on localhost")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
@@ -45,6 +48,7 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     draft = None if args.draft == "none" else args.draft
     tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
     return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
+                       tensor_parallel_size=args.tensor_parallel_size,
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
 

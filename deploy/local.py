@@ -4,12 +4,14 @@ On CPU each model service is pinned to a core of its own (os.sched_setaffinity) 
 thread. Children are stopped by their pids (SIGTERM, then SIGKILL after a grace period).
 """
 
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +44,7 @@ class StackConfig:
     dtype: str = "bfloat16"
     device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
+    tensor_parallel_size: int = 1  # CPU ranks per target (one core each where there are enough)
     host: str = "127.0.0.1"  # where the gateway listens (0.0.0.0 in a container); the model services stay local
     http_port: int = 8000
     grpc_port: int = 50050
@@ -84,12 +87,13 @@ def _cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def spawn(name: str, args: list[str], address: str, core: int | None, log_dir: Path | None,
+def spawn(name: str, args: list[str], address: str, core: int | tuple[int, ...] | None, log_dir: Path | None,
           extra_env: dict[str, str] | None = None) -> Child:
-    """Start `python -m <args>`; pin it to `core` when given (model services also get --threads 1)."""
+    """Start `python -m <args>`; pin it to `core` (or cores) when given (model services also get --threads 1)."""
     out = open(log_dir / f"{name}.log", "ab") if log_dir is not None else None  # noqa: SIM115 - owned by the child
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+    cores = {core} if isinstance(core, int) else set(core or ())
+    preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     proc = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT if out else None,
                             env=env, preexec_fn=preexec, start_new_session=True)
     log.info("started", service=name, pid=proc.pid, address=address, core=core)
@@ -109,11 +113,13 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
     return child
 
 
-def start_target(stack: Stack, index: int, core: int | None) -> Child:
+def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -> Child:
+    """A target; with tensor parallelism its ranks pin themselves to one core each of the cores it gets."""
     c = stack.config
     address = f"127.0.0.1:{free_port()}"
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
+            "--tensor-parallel-size", str(c.tensor_parallel_size),
             "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
             "--draft-timeout-s", str(c.draft_timeout_s)]
     if stack.draft_address:
@@ -170,7 +176,7 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
         if config.draft is not None:
             start_draft(stack, next(next_core, None))
         for i in range(config.num_targets):
-            start_target(stack, i, next(next_core, None))
+            start_target(stack, i, _take(next_core, config.tensor_parallel_size))
         start_gateway(stack)
         wait_healthy(stack.children, timeout_s)
         _wait_http(stack.url + "/health", timeout_s)
@@ -178,6 +184,14 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
         stop_stack(stack)
         raise
     return stack
+
+
+def _take(cores: Iterator[int], n: int) -> int | tuple[int, ...] | None:
+    """The next `n` cores (one: an int); None when fewer are left (the process then runs unpinned)."""
+    taken = tuple(itertools.islice(cores, n))
+    if len(taken) < n:
+        return None
+    return taken[0] if n == 1 else taken
 
 
 def _wait_http(url: str, timeout_s: float) -> None:

@@ -6,6 +6,7 @@ import grpc
 
 from ssd.errors import (
     CheckpointError,
+    EngineDeadError,
     FetchError,
     InvalidRequestError,
     ModelNotFoundError,
@@ -21,6 +22,7 @@ ENGINE_STATUS = {
     MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CheckpointError: grpc.StatusCode.FAILED_PRECONDITION,
     FetchError: grpc.StatusCode.UNAVAILABLE,
+    EngineDeadError: grpc.StatusCode.UNAVAILABLE,
     ConnectionError: grpc.StatusCode.UNAVAILABLE,
     TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     asyncio.CancelledError: grpc.StatusCode.CANCELLED,

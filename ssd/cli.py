@@ -16,6 +16,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N")
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
+                   help="shard the model over this many CPU ranks (processes), each on its own cores")
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -23,7 +25,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.sampling.params import SamplingParams
 
     spec = speculation_from_args(args, is_ssd=args.mode == "ssd") if args.mode in ("sd", "ssd") else None
-    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=spec)
+    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=spec,
+              tensor_parallel_size=args.tensor_parallel_size)
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

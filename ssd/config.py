@@ -26,6 +26,10 @@ class EngineConfig:
     # cpu | cuda | cuda:N: where the model forward runs (weights, KV, hidden states); sampling stays on CPU.
     # Checked against the machine (a GPU present, N in range) when the engine is built.
     device: str = "cpu"
+    # Ranks the target is sharded over (heads, MLP width, vocabulary): rank 0 runs in this process, the others
+    # as worker processes on this machine (CPU, gloo collectives). Each rank gets `num_threads` threads
+    # (default: this machine's cores / size).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -38,5 +42,9 @@ class EngineConfig:
             raise InvalidRequestError(f"linear_backend must be 'onednn' or 'torch', got {self.linear_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise InvalidRequestError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_size > 1 and self.device != "cpu":
+            raise InvalidRequestError("tensor parallelism runs on CPU ranks only so far (gloo); use --device cpu")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -1,18 +1,63 @@
-"""Tensor-parallel rank and world size; world size 1 unless torch.distributed was initialized."""
+"""Tensor parallelism: the rank a model is built for, and the collectives its parallel layers call.
 
-import torch.distributed as dist
+A model is sharded when it is built inside `tensor_parallel(tp)`: every parallel layer records the
+`TensorParallel` current at its construction and uses that group in each forward. A model built outside
+(a draft model or EAGLE-3 head in the same process as a sharded target) is whole, at size 1.
+
+The group is a torch.distributed process group made directly from a store (`ProcessGroupGloo` on CPU),
+not torch's global default group, so a process can hold a sharded target and whole drafts side by side.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 
-def tp_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+@dataclass(frozen=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+    group: Any = None  # a torch.distributed ProcessGroup over the `size` ranks; None at size 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum a partial result over the ranks, in place (no-op at size 1)."""
+        if self.size > 1:
+            self.group.allreduce([x]).wait()
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` concatenated along the last dim, in rank order (`x` itself at size 1)."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        self.group.allgather([parts], [x.contiguous()]).wait()
+        return torch.cat(parts, dim=-1)
 
 
-def tp_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+WHOLE = TensorParallel()
+_current: list[TensorParallel] = [WHOLE]
 
 
-def all_reduce(x):  # type: ignore[no-untyped-def]
-    """Sum a partial result over the tensor-parallel group (no-op at world size 1)."""
-    if tp_size() > 1:
-        dist.all_reduce(x)
-    return x
+@contextmanager
+def tensor_parallel(tp: TensorParallel) -> Iterator[TensorParallel]:
+    """Models built inside are sharded for `tp`."""
+    _current.append(tp)
+    try:
+        yield tp
+    finally:
+        _current.pop()
+
+
+def current_tp() -> TensorParallel:
+    return _current[-1]
+
+
+def divide(n: int, d: int, what: str = "") -> int:
+    """n / d for a dimension split across d ranks; a clear error where it does not divide."""
+    if n % d:
+        name = f"{what} ({n})" if what else str(n)
+        raise ValueError(f"{name} is not divisible by the tensor-parallel size {d}")
+    return n // d

@@ -27,3 +27,7 @@ class FetchError(SSDError):
 
 class ResourceExhaustedError(SSDError):
     """The request can never fit (e.g. needs more KV blocks than the cache holds)."""
+
+
+class EngineDeadError(SSDError):
+    """The engine cannot run another step (a tensor-parallel rank exited); the process should restart."""

@@ -29,7 +29,8 @@ log = structlog.get_logger(__name__)
 def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer | None]:
     engine_config = EngineConfig(
         model=config.model, dtype=config.dtype, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
-        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads)
+        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
+        tensor_parallel_size=config.tensor_parallel_size)
     if config.draft_address is None:
         return LLMEngine(engine_config), None
     k = config.num_speculative_tokens
@@ -52,18 +53,29 @@ async def serve(config: TargetServiceConfig) -> None:
     engine, proposer = build_engine(config)
     if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
         threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
-    engine_loop = EngineLoop(engine, asyncio.get_running_loop())
-    engine_loop.start()
+    dead = asyncio.Event()
+    engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set)
     servicer = VerifierServicer(config, engine_loop, proposer)
     spec = ServiceSpec("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
+
+    async def stop_when_dead() -> None:
+        await dead.wait()
+        server.request_stop()
+
+    watcher = asyncio.create_task(stop_when_dead())
+    engine_loop.start()
 
     async def on_stop() -> None:
         engine_loop.stop()
         if proposer is not None:
             proposer.close()
+        engine.close()
 
     await server.run(on_stop)
+    watcher.cancel()
+    if dead.is_set():
+        raise SystemExit(1)  # an orchestrator restarts the service
 
 
 def main(argv: list[str] | None = None) -> None:

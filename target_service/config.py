@@ -19,7 +19,8 @@ class TargetServiceConfig:
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
     dtype: str = "bfloat16"
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
-    num_threads: int = 1  # torch intra-op threads
+    num_threads: int = 1  # torch intra-op threads (per tensor-parallel rank)
+    tensor_parallel_size: int = 1  # ranks the model is sharded over (worker processes of this service)
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 16
     max_model_len: int | None = None
@@ -76,6 +77,10 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
                    help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, dest="tensor_parallel_size",
+                   default=int(env.get("SSD_TARGET_TENSOR_PARALLEL_SIZE", "1")),
+                   help="shard the model over this many CPU ranks (worker processes of this service; each gets "
+                        "--threads threads and its own cores when the service has enough)")
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_TARGET_KV_MB", "512")))
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
@@ -103,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     a = p.parse_args(argv)
     return TargetServiceConfig(
         model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
-        num_threads=a.threads,
+        num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
         tree_budget=a.tree_budget, tree_top_k=a.tree_topk,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import structlog
 
 from ssd.engine.llm_engine import LLMEngine, StepOutput
+from ssd.errors import EngineDeadError
 from ssd.sampling.params import SamplingParams
 
 log = structlog.get_logger(__name__)
@@ -34,9 +35,11 @@ class LoadSnapshot:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
+                 on_dead: Callable[[], None] = lambda: None) -> None:
         self.engine = engine
         self.loop = loop
+        self.on_dead = on_dead  # called on the event loop once the engine cannot step again
         self.streams: dict[int, asyncio.Queue] = {}  # seq id -> queue of StepOutput | Exception
         self._commands: deque[Callable[[], None]] = deque()
         self._wake = threading.Event()
@@ -93,6 +96,11 @@ class EngineLoop:
                 continue
             try:
                 outputs = self.engine.step()
+            except EngineDeadError as e:  # no step can run again: fail everything, let the service exit
+                log.error("engine is dead; stopping the service", error=str(e))
+                self._fail_all(e)
+                self.loop.call_soon_threadsafe(self.on_dead)
+                return
             except Exception as e:  # fail the running requests loudly, keep the service up
                 log.exception("engine step failed")
                 self._fail_all(e)

@@ -19,7 +19,9 @@ from ssd.engine.model_worker import ModelWorker
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.spec_decode import SpeculativeDecoder
+from ssd.engine.tensor_parallel import TensorParallelWorkers, start_tensor_parallel
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
+from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
 from ssd.sampling.grammar import GrammarCompiler, GrammarState
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
@@ -64,8 +66,12 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)  # before any loading: a missing GPU fails at once
         path = resolve_model(config.model)
-        self.worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
-                                  config.linear_backend, config.enable_prefix_caching, self.device)
+        self.tp_workers: TensorParallelWorkers | None = None
+        if config.tensor_parallel_size > 1:
+            self.worker, self.tp_workers = start_tensor_parallel(path, load_model_config(path), config)
+        else:
+            self.worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
+                                      config.linear_backend, config.enable_prefix_caching, self.device)
         self.model, self.model_config = self.worker.model, self.worker.model_config
         self.block_manager, self.runner = self.worker.block_manager, self.worker.runner
         self.tokenizer = load_tokenizer(path)
@@ -88,7 +94,13 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
         log.info("engine ready", model=str(path), dtype=config.dtype, device=str(self.device),
-                 kv_blocks=self.worker.num_blocks, max_model_len=max_len, load_s=round(self.worker.load_s, 2))
+                 kv_blocks=self.worker.num_blocks, max_model_len=max_len, load_s=round(self.worker.load_s, 2),
+                 tensor_parallel_size=config.tensor_parallel_size)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (they also stop when this process exits)."""
+        if self.tp_workers is not None:
+            self.tp_workers.close()
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:

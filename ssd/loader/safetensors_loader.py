@@ -36,6 +36,15 @@ def iter_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def read_tensor(folder: Path, name: str) -> torch.Tensor:
+    """One named tensor of the checkpoint, read alone."""
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            if name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                return f.get_tensor(name)
+    raise CheckpointError(f"{folder} has no tensor {name!r}")
+
+
 def _target(name: str, mapping: dict[str, tuple[str, str | int]]) -> tuple[str, str | int | None]:
     for src, (dst, shard) in mapping.items():
         if f".{src}." in name:

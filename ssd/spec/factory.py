@@ -32,7 +32,7 @@ def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -
     if is_eagle3_folder(path):
         from ssd.spec.eagle3_proposer import Eagle3Proposer
 
-        proposer: Proposer = Eagle3Proposer(path, target.model.model.embed_tokens.weight, target.model_config,
+        proposer: Proposer = Eagle3Proposer(path, target.input_embedding(), target.model_config,
                                             draft_dtype, device=target.device)
     else:
         proposer = DraftModelProposer(path, draft_dtype, target.model_config.vocab_size,
