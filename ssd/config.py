@@ -30,6 +30,9 @@ class EngineConfig:
     # as worker processes on this machine (CPU, gloo collectives). Each rank gets `num_threads` threads
     # (default: this machine's cores / size).
     tensor_parallel_size: int = 1
+    # How the ranks exchange partial results: "auto" = a shared memory mapping (x86; tensors up to 4 MB) and gloo
+    # for the rest; "gloo" = gloo over localhost TCP only (the slow reference).
+    tensor_parallel_collectives: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -44,6 +47,9 @@ class EngineConfig:
             raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise InvalidRequestError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_collectives not in ("auto", "gloo"):
+            raise InvalidRequestError(
+                f"tensor_parallel_collectives must be 'auto' or 'gloo', got {self.tensor_parallel_collectives!r}")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise InvalidRequestError("tensor parallelism runs on CPU ranks only so far (gloo); use --device cpu")
         if not DEVICE_PATTERN.fullmatch(self.device):

@@ -18,6 +18,7 @@ import pickle
 import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -37,6 +38,8 @@ from ssd.engine.model_runner import ForwardItem, ForwardOutput, ModelRunner
 from ssd.engine.model_worker import ModelWorker
 from ssd.errors import EngineDeadError, InvalidRequestError
 from ssd.model_config import ModelConfig
+from ssd.shared_memory_collectives import SharedMemoryCollectives
+from ssd.shared_memory_collectives import supported as shared_memory_collectives_supported
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +62,7 @@ class RankSpec:
     enable_prefix_caching: bool
     num_threads: int
     cores: tuple[int, ...] | None  # CPU cores the rank is pinned to; None = not pinned
+    shared_memory: Path | None  # the collectives' shared mapping (rank 0 made it); None = gloo only
 
 
 def check_tensor_parallel(mc: ModelConfig, size: int) -> None:
@@ -92,10 +96,19 @@ def pin(cores: tuple[int, ...] | None, num_threads: int) -> None:
     torch.set_num_threads(num_threads)
 
 
-def make_group(store_port: int, rank: int, size: int) -> TensorParallel:
-    """Join the ranks' gloo group (blocks until all `size` ranks have joined)."""
+def make_group(store_port: int, rank: int, size: int, shared_memory: Path | None) -> TensorParallel:
+    """Join the ranks' gloo group (blocks until all `size` ranks have joined) and map the shared memory."""
+    parent = os.getppid()
+    shared = None if shared_memory is None else SharedMemoryCollectives(
+        shared_memory, rank, size, create=False, peers_alive=lambda: os.getppid() == parent,
+        timeout_s=COLLECTIVE_TIMEOUT.total_seconds())
     store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
-    return TensorParallel(rank, size, dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT))
+    return TensorParallel(rank, size, dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT), shared)
+
+
+def shared_memory_path() -> Path:
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return folder / f"ssd-tp-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 class TensorParallelWorkers:
@@ -166,34 +179,53 @@ def start_tensor_parallel(path: Path, mc: ModelConfig, config: EngineConfig) -> 
     check_tensor_parallel(mc, size)
     cores = rank_cores(size)
     threads = config.num_threads or (len(cores[0]) if cores else max(1, (os.cpu_count() or 1) // size))
+    use_shared = config.tensor_parallel_collectives == "auto" and shared_memory_collectives_supported()
+    shm = shared_memory_path() if use_shared else None
     specs = [RankSpec(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
-                      config.enable_prefix_caching, threads, cores[r] if cores else None) for r in range(size)]
+                      config.enable_prefix_caching, threads, cores[r] if cores else None, shm) for r in range(size)]
     pin(specs[0].cores, threads)
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+    workers = _launch(size - 1)
+    try:
+        shared = None if shm is None else SharedMemoryCollectives(
+            shm, 0, size, create=True, peers_alive=lambda: all(p.poll() is None for p in workers.procs),
+            timeout_s=COLLECTIVE_TIMEOUT.total_seconds())
+        for rank, conn in enumerate(workers.conns, start=1):
+            conn.send_bytes(pickle.dumps((rank, size, store.port, specs[rank])))
+        tp = TensorParallel(0, size, dist.ProcessGroupGloo(store, 0, size, COLLECTIVE_TIMEOUT), shared)
+        worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
+                             config.linear_backend, config.enable_prefix_caching, "cpu", tp=tp)
+        _await_ready(workers, worker.num_blocks)
+    except BaseException:
+        workers.close()
+        raise
+    finally:
+        if shm is not None:
+            shm.unlink(missing_ok=True)  # every rank has mapped it (or failed): the file is not needed again
+    worker.runner = TensorParallelRunner(worker.runner, workers)  # type: ignore[assignment]
+    log.info("tensor-parallel target ready", size=size, threads_per_rank=threads, kv_blocks=worker.num_blocks,
+             cores=[list(c) for c in cores] if cores else "shared", collectives="shared memory" if shm else "gloo")
+    return worker, workers
+
+
+def _launch(num_workers: int) -> TensorParallelWorkers:
+    """Start the worker processes and accept their control connections."""
     authkey = secrets.token_bytes(32)
     with Listener(family="AF_UNIX", authkey=authkey) as listener:
         env = {**os.environ, ADDRESS_ENV: listener.address, AUTHKEY_ENV: authkey.hex()}
         procs = [subprocess.Popen([sys.executable, "-m", "ssd.engine.tensor_parallel_worker"], env=env)
-                 for _ in range(size - 1)]
-        conns = _accept(listener, procs)
-    workers = TensorParallelWorkers(conns, procs)
-    for rank, conn in enumerate(conns, start=1):
-        conn.send_bytes(pickle.dumps((rank, size, store.port, specs[rank])))
-    tp = TensorParallel(0, size, dist.ProcessGroupGloo(store, 0, size, COLLECTIVE_TIMEOUT))
-    worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
-                         config.enable_prefix_caching, "cpu", tp=tp)
-    for rank, conn in enumerate(conns, start=1):
+                 for _ in range(num_workers)]
+        return TensorParallelWorkers(_accept(listener, procs), procs)
+
+
+def _await_ready(workers: TensorParallelWorkers, num_blocks: int) -> None:
+    for rank, conn in enumerate(workers.conns, start=1):
         try:
             reply = pickle.loads(conn.recv_bytes())
         except EOFError:
             reply = ("exited",)
-        if reply[0] != "ready" or reply[1] != worker.num_blocks:
-            workers.close()
+        if reply[0] != "ready" or reply[1] != num_blocks:
             raise RuntimeError(f"tensor-parallel rank {rank} did not start: {reply}")
-    worker.runner = TensorParallelRunner(worker.runner, workers)  # type: ignore[assignment]
-    log.info("tensor-parallel target ready", size=size, threads_per_rank=threads, kv_blocks=worker.num_blocks,
-             cores=[list(c) for c in cores] if cores else "shared")
-    return worker, workers
 
 
 def _accept(listener: Listener, procs: list[subprocess.Popen]) -> list[Connection]:
