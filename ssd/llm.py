@@ -52,6 +52,16 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_options), proposer)
         self.tokenizer = self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (they also stop when this process exits)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             raise InvalidRequestError("this checkpoint has no tokenizer; pass prompts as token ids")

@@ -40,8 +40,11 @@ class SharedMemoryCollectives:
     """One rank's view of the shared mapping at `path` (rank 0 creates it; every rank maps it, then it can go)."""
 
     def __init__(self, path: Path, rank: int, size: int, create: bool, peers_alive: Callable[[], bool],
-                 timeout_s: float) -> None:
+                 timeout_s: float, own_core: bool = True) -> None:
+        """`own_core`: each rank has a core of its own, so waiting spins first; ranks that share cores yield at once
+        (a spinning rank would hold the core its late peer needs)."""
         self.rank, self.size = rank, size
+        self.spins = SPINS if own_core else 0
         self.peers_alive, self.timeout_s = peers_alive, timeout_s
         total = mapping_size(size)
         fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
@@ -88,7 +91,7 @@ class SharedMemoryCollectives:
             spins = 0
             while self.counters[peer, 0] < round_:
                 spins += 1
-                if spins < SPINS:
+                if spins < self.spins:
                     continue
                 waited = time.perf_counter() - started
                 if waited < YIELD_S:

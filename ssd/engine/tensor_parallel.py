@@ -96,12 +96,12 @@ def pin(cores: tuple[int, ...] | None, num_threads: int) -> None:
     torch.set_num_threads(num_threads)
 
 
-def make_group(store_port: int, rank: int, size: int, shared_memory: Path | None) -> TensorParallel:
+def make_group(spec: RankSpec, store_port: int, rank: int, size: int) -> TensorParallel:
     """Join the ranks' gloo group (blocks until all `size` ranks have joined) and map the shared memory."""
     parent = os.getppid()
-    shared = None if shared_memory is None else SharedMemoryCollectives(
-        shared_memory, rank, size, create=False, peers_alive=lambda: os.getppid() == parent,
-        timeout_s=COLLECTIVE_TIMEOUT.total_seconds())
+    shared = None if spec.shared_memory is None else SharedMemoryCollectives(
+        spec.shared_memory, rank, size, create=False, peers_alive=lambda: os.getppid() == parent,
+        timeout_s=COLLECTIVE_TIMEOUT.total_seconds(), own_core=spec.cores is not None)
     store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
     return TensorParallel(rank, size, dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT), shared)
 
@@ -189,7 +189,7 @@ def start_tensor_parallel(path: Path, mc: ModelConfig, config: EngineConfig) -> 
     try:
         shared = None if shm is None else SharedMemoryCollectives(
             shm, 0, size, create=True, peers_alive=lambda: all(p.poll() is None for p in workers.procs),
-            timeout_s=COLLECTIVE_TIMEOUT.total_seconds())
+            timeout_s=COLLECTIVE_TIMEOUT.total_seconds(), own_core=cores is not None)
         for rank, conn in enumerate(workers.conns, start=1):
             conn.send_bytes(pickle.dumps((rank, size, store.port, specs[rank])))
         tp = TensorParallel(0, size, dist.ProcessGroupGloo(store, 0, size, COLLECTIVE_TIMEOUT), shared)

@@ -50,7 +50,7 @@ def main() -> int:
         raise RuntimeError(f"expected a RankSpec from rank 0, got {type(spec).__name__}")
     pin(spec.cores, spec.num_threads)
     structlog.contextvars.bind_contextvars(tp_rank=rank)
-    tp = make_group(store_port, rank, size, spec.shared_memory)
+    tp = make_group(spec, store_port, rank, size)
     worker = ModelWorker(spec.path, spec.dtype, spec.block_size, spec.kv_cache_memory_mb, spec.linear_backend,
                          spec.enable_prefix_caching, "cpu", tp=tp)
     conn.send_bytes(pickle.dumps(("ready", worker.num_blocks)))

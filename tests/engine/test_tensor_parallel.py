@@ -43,10 +43,8 @@ def whole(folders):
 
 
 def _generate(llm: LLM, params: SamplingParams = GREEDY) -> list[list[int]]:
-    try:
+    with llm:
         return [o.token_ids for o in llm.generate(PROMPTS, params)]
-    finally:
-        llm.engine.close()
 
 
 def test_layers_built_outside_the_context_are_whole():
@@ -70,7 +68,7 @@ def test_sharded_logits_and_greedy_equal_the_whole_model(folders, whole):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
         assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == whole
     finally:
-        two.engine.close()
+        two.close()
 
 
 def test_qwen3_sharded_greedy_equals_whole(folders):
@@ -112,7 +110,7 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_before_any_process_sta
 def test_close_stops_the_workers(folders):
     llm = LLM(str(folders[0]), tensor_parallel_size=2, **OPTS)
     procs = llm.engine.tp_workers.procs
-    llm.engine.close()
+    llm.close()
     assert all(p.wait(timeout=30) == 0 for p in procs)
 
 
@@ -125,7 +123,7 @@ def test_a_dead_rank_is_a_clear_engine_error(folders):
         with pytest.raises(EngineDeadError, match="tensor-parallel rank 1 exited"):
             llm.generate(PROMPTS, GREEDY)
     finally:
-        llm.engine.close()
+        llm.close()
 
 
 def test_the_worker_module_refuses_to_run_by_hand():
