@@ -15,6 +15,9 @@ class EngineConfig:
     kv_cache_memory_mb: int = 1024  # KV cache budget; the number of blocks is derived from it
     max_num_seqs: int = 16  # sequences in one batch at most
     max_num_batched_tokens: int = 8192  # tokens in one forward at most
+    # While sequences are decoding, a prefill forward feeds at most this many prompt tokens and they step between
+    # two chunks (a long prompt delays their next token by one chunk, not by its whole prefill); 0 = off.
+    prefill_chunk_tokens: int = 256
     max_model_len: int | None = None  # prompt + output tokens at most; default: the model's limit
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads (CPU work); None leaves torch's default
@@ -39,6 +42,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
+            raise InvalidRequestError(f"prefill_chunk_tokens must be >= 0, got {self.prefill_chunk_tokens!r}")
+        if self.prefill_chunk_tokens == 1:
+            raise InvalidRequestError("prefill_chunk_tokens must be 0 (off) or >= 2")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.linear_backend not in ("onednn", "torch"):

@@ -21,6 +21,7 @@ class TargetServiceConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
     num_threads: int = 1  # torch intra-op threads (per tensor-parallel rank)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (worker processes of this service)
+    prefill_chunk_tokens: int = 256  # a new prompt's tokens per step while others decode (0 = whole first)
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 16
     max_model_len: int | None = None
@@ -83,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                         "--threads threads and its own cores when the service has enough)")
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_TARGET_KV_MB", "512")))
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--prefill-chunk-tokens", type=int, default=int(env.get("SSD_TARGET_PREFILL_CHUNK", "256")),
+                   help="while requests decode, feed a new prompt this many tokens per step, the decoding requests "
+                        "stepping in between (0 = whole prompts first)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--draft-address", default=env.get("SSD_DRAFT_ADDRESS") or None,
                    help="host:port of the draft service; omit for ar only")
@@ -108,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     a = p.parse_args(argv)
     return TargetServiceConfig(
         model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
-        num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size,
+        num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, prefill_chunk_tokens=a.prefill_chunk_tokens,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
         tree_budget=a.tree_budget, tree_top_k=a.tree_topk,

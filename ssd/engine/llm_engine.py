@@ -81,7 +81,8 @@ class LLMEngine:
         self.info = EngineInfo(path, self.worker.num_blocks, max_len, eos, mc.vocab_size)
         tokenizer_json = path / "tokenizer.json"
         self.grammars = GrammarCompiler(tokenizer_json, mc.vocab_size, eos) if tokenizer_json.is_file() else None
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len))
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len),
+                                   config.prefill_chunk_tokens)
         self.spec: SpeculativeDecoder | None = None
         if proposer is not None and config.speculation is None:
             raise InvalidRequestError("a proposer was given but speculation is not configured")
@@ -161,16 +162,22 @@ class LLMEngine:
         if batch.mode == ForwardMode.DECODE and k > 0:
             new_tokens, new_logprobs = self.spec.run_round(batch.seqs, k)
         else:
-            tokens, new_logprobs = self._forward_and_sample(batch)
+            batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
+            if not batch.seqs:
+                return []
+            tokens, new_logprobs = self._sample(batch, items, logits)
             new_tokens = [[t] for t in tokens]
         return self._commit(batch, new_tokens, new_logprobs)
 
-    def _forward_and_sample(self, batch: ScheduledBatch) -> tuple[list[int], list[list[TokenLogprob] | None]]:
-        """One forward; each sequence's next token, plus its logprob where the request asked."""
+    def _forward(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[ForwardItem], torch.Tensor]:
+        """Feed each sequence its scheduled tokens. A prompt chunk that leaves more of the prompt to feed only
+        fills KV; the other sequences come back to be sampled, with their items and logits [sum(num_logits), V]."""
+        done = [seq.num_cached_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_new_tokens,
+                                                                                  strict=True)]
         items = [
-            ForwardItem(seq.token_ids[seq.num_cached_tokens :], seq.num_cached_tokens, seq.block_table,
-                        num_logits=seq.num_tokens - seq.num_cached_tokens if seq.needs_prompt_logprobs else 1)
-            for seq in batch.seqs
+            ForwardItem(seq.token_ids[seq.num_cached_tokens : seq.num_cached_tokens + n], seq.num_cached_tokens,
+                        seq.block_table, num_logits=(n if seq.needs_prompt_logprobs else 1) if last else 0)
+            for seq, n, last in zip(batch.seqs, batch.num_new_tokens, done, strict=True)
         ]
         aux_layers = self.spec.feature_layers if self.spec is not None else ()
         out = self.runner.forward(items, batch.mode, aux_layers)  # logits [sum(num_logits), V]
@@ -178,7 +185,18 @@ class LLMEngine:
             rows = out.aux_hidden.split([len(it.token_ids) for it in items])
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
                 self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
-        logits = out.logits  # [B, V] unless some sequence scores its prompt
+        for seq, n, last in zip(batch.seqs, batch.num_new_tokens, done, strict=True):
+            if not last:  # a chunk of a longer prompt: its KV is in, nothing to sample yet
+                seq.num_cached_tokens += n
+                self.block_manager.commit(seq)
+        fed = [it for it, last in zip(items, done, strict=True) if last]
+        seqs = [seq for seq, last in zip(batch.seqs, done, strict=True) if last]
+        return ScheduledBatch(batch.mode, seqs, [len(it.token_ids) for it in fed]), fed, out.logits
+
+    def _sample(self, batch: ScheduledBatch, items: list[ForwardItem],
+                logits: torch.Tensor) -> tuple[list[int], list[list[TokenLogprob] | None]]:
+        """Each sequence's next token from its logits (one row each, unless it scores its prompt), plus its
+        logprob where the request asked."""
         if any(seq.needs_prompt_logprobs for seq in batch.seqs):
             logits = self._score_prompts(batch.seqs, items, logits)
         raw = logits

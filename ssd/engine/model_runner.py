@@ -25,7 +25,7 @@ class ForwardItem:
     token_ids: list[int]  # the new tokens this sequence feeds
     start_position: int  # physical KV position of the first new token (= tokens already in KV)
     block_table: list[int]  # the sequence's KV blocks, covering start_position + len(token_ids)
-    num_logits: int = 1  # logits wanted for the last `num_logits` new tokens
+    num_logits: int = 1  # logits wanted for the last `num_logits` new tokens (0: a prompt chunk only fills KV)
     positions: list[int] | None = None  # RoPE positions of the new tokens; None = physical positions
     attn_mask: torch.Tensor | None = None  # [n, start_position + n] bool, True = may attend; None = causal
 
@@ -101,7 +101,7 @@ class ModelRunner:
             n = len(it.token_ids)
             keep.extend(range(offset + n - it.num_logits, offset + n))
             offset += n
-        logits = self.model.compute_logits(hidden[torch.tensor(keep, device=self.device)])  # [N, V] float32
+        logits = self.model.compute_logits(hidden[torch.tensor(keep, dtype=torch.long, device=self.device)])  # [N, V]
         return ForwardOutput(logits.cpu(), torch.cat(aux, dim=-1) if aux else None)  # .cpu(): no copy on CPU
 
     def move_kv(self, block_table: list[int], src: list[int], dst: list[int]) -> None:

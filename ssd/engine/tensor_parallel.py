@@ -7,9 +7,10 @@ heads (and their KV cache), of the MLP width and of the vocabulary; the residual
 rank (all-reduced after each attention and MLP), so rank 0's logits and target features are complete.
 
 Workers run `python -m ssd.engine.tensor_parallel_worker` (a fresh interpreter: forking would copy the
-engine's threads, and multiprocessing's spawn would re-run the caller's main module). Collectives go over
-a gloo process group made from a TCP store on 127.0.0.1. A worker exits when rank 0's connection closes,
-so an engine that dies leaves no worker behind.
+engine's threads, and multiprocessing's spawn would re-run the caller's main module). Collectives go through
+a shared memory mapping (ssd/shared_memory_collectives.py) where the tensor fits a slot, else over a gloo
+process group made from a TCP store on 127.0.0.1. A worker exits when rank 0's connection closes, so an
+engine that dies leaves no worker behind. Each rank pins itself to its share of the process's cores.
 """
 
 import functools

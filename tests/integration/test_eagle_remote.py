@@ -44,10 +44,10 @@ def segments() -> set[str]:
     return {p.name for p in SHM_DIR.glob("ssd-*")}
 
 
-def generate(address: str, prompt: list[int],
-             mode: int = common_pb2.SPECULATION_MODE_SD) -> tuple[list[int], target_pb2.VerifierGenerateResponse]:
+def generate(address: str, prompt: list[int], mode: int = common_pb2.SPECULATION_MODE_SD,
+             max_tokens: int = MAX_TOKENS) -> tuple[list[int], target_pb2.VerifierGenerateResponse]:
     """All tokens of one greedy request, and its last message (finish reason, speculation stats)."""
-    params = common_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = common_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     request = target_pb2.VerifierGenerateRequest(prompt_token_ids=prompt, params=params, mode=mode)
     tokens, last = [], None
     with grpc.insecure_channel(address) as channel:
@@ -72,6 +72,26 @@ def test_greedy_output_through_the_services_equals_ar(folders, services):
     assert [tokens for tokens, _ in results] == expected
     assert sum(last.spec.num_draft_tokens for _, last in results) > 0
     assert draft_load(draft_address).num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("mode", [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD], ids=["sd", "ssd"])
+def test_a_prompt_chunked_while_another_decodes_keeps_greedy_output(folders, services, mode):
+    """A 300-token prompt arrives while a long answer streams: the target feeds it in chunks (256 tokens while
+    others decode), its features reach the head in pieces; both answers are AR's."""
+    import time
+
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+
+    long = [(7 * i) % 90 + 3 for i in range(300)]
+    ar = LLM(str(folders[0]), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    expected = [ar.generate([p], SamplingParams(max_tokens=n, ignore_eos=True))[0].token_ids
+                for p, n in ((PROMPTS[0], 160), (long, MAX_TOKENS))]
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(generate, services[0], PROMPTS[0], mode, 160)
+        time.sleep(0.3)  # the first is decoding by now
+        second = pool.submit(generate, services[0], long, mode)
+        assert [first.result()[0], second.result()[0]] == expected
 
 
 def test_eagle_draft_without_target_model_fails_clearly(folders, tmp_path):
