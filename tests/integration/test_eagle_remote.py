@@ -152,6 +152,30 @@ def test_target_service_speculates_token_trees(folders, tmp_path):
     assert sum(last.spec.num_cache_hits + last.spec.num_cache_misses for _, last in ssd) > 0
 
 
+def test_tensor_parallel_target_with_a_remote_head(folders, tmp_path):
+    """The target sharded over 2 ranks, the EAGLE-3 head in the draft service: rank 0's features (whole after each
+    all-reduce) cross the session; sd and ssd give AR's output."""
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+
+    target, head = folders
+    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, tensor_parallel_size=2,
+                         http_port=free_port(), grpc_port=free_port(), log_dir=tmp_path)
+    stack = start_stack(config, timeout_s=180)
+    modes = [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD]
+    try:
+        with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
+            sd, ssd = ([pool.submit(generate, stack.target_addresses[0], p, mode) for p in PROMPTS] for mode in modes)
+            sd, ssd = [f.result() for f in sd], [f.result() for f in ssd]
+    finally:
+        stop_stack(stack)
+    ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    expected = [ar.generate([p], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))[0].token_ids for p in PROMPTS]
+    assert [tokens for tokens, _ in sd] == expected and [tokens for tokens, _ in ssd] == expected
+    assert sum(last.spec.num_accepted_tokens for _, last in sd + ssd) > 0
+    assert "tensor-parallel target ready" in (tmp_path / "target-0.log").read_text()
+
+
 def test_target_tree_flags_are_checked():
     from ssd.errors import InvalidRequestError
     from target_service.config import TargetServiceConfig, parse_args
