@@ -124,15 +124,15 @@ def test_per_request_speculation_stats_equal_in_process_eagle(folders, services)
             local["num_draft_tokens"], local["num_accepted_tokens"])
 
 
-def test_target_service_speculates_token_trees(folders, tmp_path):
-    """`ssd serve --tree-budget 8`: sd requests verify 8-node trees drafted by the remote head, ssd requests in the
-    same batches keep chains; both give AR's output."""
+def sd_and_ssd_on_a_stack(folders, log_dir, **stack_options):  # noqa: ANN001, ANN003, ANN201
+    """Start `ssd serve` over the tiny target and head with `stack_options`, send every prompt in sd and in ssd
+    at once, stop it; returns (sd results, ssd results, AR's tokens per prompt)."""
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
     target, head = folders
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, tree_budget=8,
-                         http_port=free_port(), grpc_port=free_port(), log_dir=tmp_path)
+    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+                         grpc_port=free_port(), log_dir=log_dir, **stack_options)
     stack = start_stack(config, timeout_s=180)
     modes = [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD]
     try:
@@ -143,7 +143,13 @@ def test_target_service_speculates_token_trees(folders, tmp_path):
         stop_stack(stack)
     ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    expected = [ar.generate([p], params)[0].token_ids for p in PROMPTS]
+    return sd, ssd, [ar.generate([p], params)[0].token_ids for p in PROMPTS]
+
+
+def test_target_service_speculates_token_trees(folders, tmp_path):
+    """`ssd serve --tree-budget 8`: sd requests verify 8-node trees drafted by the remote head, ssd requests in the
+    same batches keep chains; both give AR's output."""
+    sd, ssd, expected = sd_and_ssd_on_a_stack(folders, tmp_path, tree_budget=8)
     assert [tokens for tokens, _ in sd] == expected
     assert [tokens for tokens, _ in ssd] == expected
     rounds = sum(last.spec.num_drafts for _, last in sd)
@@ -155,22 +161,7 @@ def test_target_service_speculates_token_trees(folders, tmp_path):
 def test_tensor_parallel_target_with_a_remote_head(folders, tmp_path):
     """The target sharded over 2 ranks, the EAGLE-3 head in the draft service: rank 0's features (whole after each
     all-reduce) cross the session; sd and ssd give AR's output."""
-    from ssd.llm import LLM
-    from ssd.sampling.params import SamplingParams
-
-    target, head = folders
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, tensor_parallel_size=2,
-                         http_port=free_port(), grpc_port=free_port(), log_dir=tmp_path)
-    stack = start_stack(config, timeout_s=180)
-    modes = [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD]
-    try:
-        with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
-            sd, ssd = ([pool.submit(generate, stack.target_addresses[0], p, mode) for p in PROMPTS] for mode in modes)
-            sd, ssd = [f.result() for f in sd], [f.result() for f in ssd]
-    finally:
-        stop_stack(stack)
-    ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
-    expected = [ar.generate([p], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))[0].token_ids for p in PROMPTS]
+    sd, ssd, expected = sd_and_ssd_on_a_stack(folders, tmp_path, tensor_parallel_size=2)
     assert [tokens for tokens, _ in sd] == expected and [tokens for tokens, _ in ssd] == expected
     assert sum(last.spec.num_accepted_tokens for _, last in sd + ssd) > 0
     assert "tensor-parallel target ready" in (tmp_path / "target-0.log").read_text()
