@@ -164,10 +164,10 @@ class TensorParallelRunner:
         self.workers.send(("forward", items, mode, aux_layers))
         try:
             return self.local.forward(items, mode, aux_layers)
-        except RuntimeError as e:  # a collective failed: say which rank went away, if one did
-            time.sleep(0.1)  # the rank's exit status lands shortly after its sockets close
+        except Exception as e:  # the ranks are out of step from here on: say which one went away, if one did
+            time.sleep(0.1)  # a rank's exit status lands shortly after its sockets close
             self.workers.check_alive()
-            raise EngineDeadError(f"a tensor-parallel collective failed: {e}") from e
+            raise EngineDeadError(f"a tensor-parallel forward failed on rank 0, the ranks are out of step: {e}") from e
 
     def move_kv(self, block_table: list[int], src: list[int], dst: list[int]) -> None:
         self.workers.send(("move_kv", block_table, src, dst))
