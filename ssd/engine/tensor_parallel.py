@@ -115,10 +115,11 @@ def shared_memory_path() -> Path:
 class TensorParallelWorkers:
     """Ranks 1..N-1: their processes and control connections."""
 
-    def __init__(self, conns: list[Connection], procs: list[subprocess.Popen]) -> None:
+    def __init__(self, conns: list[Connection], procs: list[subprocess.Popen], caller_cores: set[int]) -> None:
         self.conns = conns
         self.procs = procs
         self._finalizer = weakref.finalize(self, _stop, conns, procs)
+        self.caller_cores = caller_cores  # rank 0 pinned the calling thread; close() gives it these back
 
     def check_alive(self) -> None:
         for rank, proc in enumerate(self.procs, start=1):
@@ -136,6 +137,7 @@ class TensorParallelWorkers:
 
     def close(self) -> None:
         self._finalizer()
+        os.sched_setaffinity(0, self.caller_cores)
 
 
 def _stop(conns: list[Connection], procs: list[subprocess.Popen]) -> None:
@@ -184,9 +186,14 @@ def start_tensor_parallel(path: Path, mc: ModelConfig, config: EngineConfig) -> 
     shm = shared_memory_path() if use_shared else None
     specs = [RankSpec(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
                       config.enable_prefix_caching, threads, cores[r] if cores else None, shm) for r in range(size)]
+    caller_cores = os.sched_getaffinity(0)
     pin(specs[0].cores, threads)
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
-    workers = _launch(size - 1)
+    try:
+        workers = _launch(size - 1, caller_cores)
+    except BaseException:
+        os.sched_setaffinity(0, caller_cores)
+        raise
     try:
         shared = None if shm is None else SharedMemoryCollectives(
             shm, 0, size, create=True, peers_alive=lambda: all(p.poll() is None for p in workers.procs),
@@ -209,14 +216,14 @@ def start_tensor_parallel(path: Path, mc: ModelConfig, config: EngineConfig) -> 
     return worker, workers
 
 
-def _launch(num_workers: int) -> TensorParallelWorkers:
+def _launch(num_workers: int, caller_cores: set[int]) -> TensorParallelWorkers:
     """Start the worker processes and accept their control connections."""
     authkey = secrets.token_bytes(32)
     with Listener(family="AF_UNIX", authkey=authkey) as listener:
         env = {**os.environ, ADDRESS_ENV: listener.address, AUTHKEY_ENV: authkey.hex()}
         procs = [subprocess.Popen([sys.executable, "-m", "ssd.engine.tensor_parallel_worker"], env=env)
                  for _ in range(num_workers)]
-        return TensorParallelWorkers(_accept(listener, procs), procs)
+        return TensorParallelWorkers(_accept(listener, procs), procs, caller_cores)
 
 
 def _await_ready(workers: TensorParallelWorkers, num_blocks: int) -> None:

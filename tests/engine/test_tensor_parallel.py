@@ -107,11 +107,13 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_before_any_process_sta
         LLM(str(folders[0]), tensor_parallel_size=0, **OPTS)
 
 
-def test_close_stops_the_workers(folders):
+def test_close_stops_the_workers_and_unpins_the_caller(folders):
+    before = os.sched_getaffinity(0)
     llm = LLM(str(folders[0]), tensor_parallel_size=2, **OPTS)
     procs = llm.engine.tp_workers.procs
     llm.close()
     assert all(p.wait(timeout=30) == 0 for p in procs)
+    assert os.sched_getaffinity(0) == before
 
 
 def test_a_dead_rank_is_a_clear_engine_error(folders):
