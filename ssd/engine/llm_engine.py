@@ -70,8 +70,7 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             self.worker, self.tp_workers = start_tensor_parallel(path, load_model_config(path), config)
         else:
-            self.worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
-                                      config.linear_backend, config.enable_prefix_caching, self.device)
+            self.worker = ModelWorker.for_engine(path, config, self.device)
         self.model, self.model_config = self.worker.model, self.worker.model_config
         self.block_manager, self.runner = self.worker.block_manager, self.worker.runner
         self.tokenizer = load_tokenizer(path)

@@ -8,6 +8,7 @@ the MLP width and of the vocabulary.
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -20,6 +21,9 @@ from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_model, parse_dtype
 from ssd.loader.safetensors_loader import read_tensor
+
+if TYPE_CHECKING:
+    from ssd.config import EngineConfig
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +58,13 @@ class ModelWorker:
         self.block_manager = BlockManager(self.num_blocks, block_size, enable_prefix_caching)
         self.runner = ModelRunner(self.model, block_size, self.device, self.kv_cache)
         self.load_s = time.perf_counter() - started
+
+    @classmethod
+    def for_engine(cls, path: Path, config: "EngineConfig", device: str | torch.device,
+                   tp: TensorParallel = WHOLE) -> "ModelWorker":
+        """The target's worker (or one rank's shard of it) as an engine config describes it."""
+        return cls(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
+                   config.enable_prefix_caching, device, tp=tp)
 
     def input_embedding(self) -> torch.Tensor:
         """The whole input embedding [V, d] (an EAGLE-3 head reads it); a sharded worker reads it from disk."""

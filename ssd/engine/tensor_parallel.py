@@ -56,11 +56,7 @@ class RankSpec:
     """What a worker needs to build its shard (sent to it over the control connection)."""
 
     path: Path
-    dtype: str
-    block_size: int
-    kv_cache_memory_mb: int
-    linear_backend: str
-    enable_prefix_caching: bool
+    config: EngineConfig
     num_threads: int
     cores: tuple[int, ...] | None  # CPU cores the rank is pinned to; None = not pinned
     shared_memory: Path | None  # the collectives' shared mapping (rank 0 made it); None = gloo only
@@ -160,7 +156,6 @@ class TensorParallelRunner:
     def __init__(self, local: ModelRunner, workers: TensorParallelWorkers) -> None:
         self.local = local
         self.workers = workers
-        self.model, self.block_size, self.device = local.model, local.block_size, local.device
 
     def forward(self, items: list[ForwardItem], mode: ForwardMode, aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
         self.workers.send(("forward", items, mode, aux_layers))
@@ -184,25 +179,18 @@ def start_tensor_parallel(path: Path, mc: ModelConfig, config: EngineConfig) -> 
     threads = config.num_threads or (len(cores[0]) if cores else max(1, (os.cpu_count() or 1) // size))
     use_shared = config.tensor_parallel_collectives == "auto" and shared_memory_collectives_supported()
     shm = shared_memory_path() if use_shared else None
-    specs = [RankSpec(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
-                      config.enable_prefix_caching, threads, cores[r] if cores else None, shm) for r in range(size)]
-    caller_cores = os.sched_getaffinity(0)
-    pin(specs[0].cores, threads)
+    specs = [RankSpec(path, config, threads, cores[r] if cores else None, shm) for r in range(size)]
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+    workers = _launch(size - 1, caller_cores=os.sched_getaffinity(0))
     try:
-        workers = _launch(size - 1, caller_cores)
-    except BaseException:
-        os.sched_setaffinity(0, caller_cores)
-        raise
-    try:
+        pin(specs[0].cores, threads)  # close() gives the calling thread its cores back
         shared = None if shm is None else SharedMemoryCollectives(
             shm, 0, size, create=True, peers_alive=lambda: all(p.poll() is None for p in workers.procs),
             timeout_s=COLLECTIVE_TIMEOUT.total_seconds(), own_core=cores is not None)
         for rank, conn in enumerate(workers.conns, start=1):
             conn.send_bytes(pickle.dumps((rank, size, store.port, specs[rank])))
         tp = TensorParallel(0, size, dist.ProcessGroupGloo(store, 0, size, COLLECTIVE_TIMEOUT), shared)
-        worker = ModelWorker(path, config.dtype, config.block_size, config.kv_cache_memory_mb,
-                             config.linear_backend, config.enable_prefix_caching, "cpu", tp=tp)
+        worker = ModelWorker.for_engine(path, config, "cpu", tp)
         _await_ready(workers, worker.num_blocks)
     except BaseException:
         workers.close()

@@ -51,8 +51,7 @@ def main() -> int:
     pin(spec.cores, spec.num_threads)
     structlog.contextvars.bind_contextvars(tp_rank=rank)
     tp = make_group(spec, store_port, rank, size)
-    worker = ModelWorker(spec.path, spec.dtype, spec.block_size, spec.kv_cache_memory_mb, spec.linear_backend,
-                         spec.enable_prefix_caching, "cpu", tp=tp)
+    worker = ModelWorker.for_engine(spec.path, spec.config, "cpu", tp)
     conn.send_bytes(pickle.dumps(("ready", worker.num_blocks)))
     log.info("tensor-parallel rank ready", rank=rank, size=size, load_s=round(worker.load_s, 2))
     with torch.inference_mode():
