@@ -54,7 +54,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     max_train_minutes = _train_minutes(args.max_train_minutes, args.max_total_minutes, data_s)
     train = TrainConfig(
         target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
-        num_unroll=args.unroll, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
+        num_unroll=args.unroll, unroll_warmup_fraction=args.unroll_warmup_fraction, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
         max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
         max_train_minutes=max_train_minutes, aux_layers=aux_layers, intermediate_size=args.intermediate_size,
     )
@@ -126,6 +126,16 @@ def _aux_layers(text: str) -> tuple[int, int, int]:
     return layers  # type: ignore[return-value]
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1); got {text!r}")
+    return value
+
+
 def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     """Register `train-draft` and `eval-draft` on the `ssd` command's subparsers."""
     t = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a target by self-distillation")
@@ -155,6 +165,9 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-tokens", type=int, default=512)
     t.add_argument("--unroll", type=int, default=3, help="training-time-test steps (1 = no unroll)")
+    t.add_argument("--unroll-warmup-fraction", type=_fraction, default=0.5, metavar="F",
+                   help="share of the training budget spent at one unroll step before the full --unroll starts "
+                        "from those weights (fresh optimizer and schedule); 0 = the full unroll throughout")
     t.add_argument("--intermediate-size", type=int, default=None,
                    help="the head's MLP width (default: the target's); wider costs step time and checkpoint size")
     t.add_argument("--vocab-coverage", type=float, default=0.95)

@@ -12,6 +12,15 @@ def _chain_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _unroll(train: dict[str, Any]) -> str:
+    full = f"training-time-test unroll of {train['num_unroll']} steps (loss weight 0.8^s)"
+    share = train.get("unroll_warmup_fraction", 0.0)
+    if not share or train["num_unroll"] == 1:
+        return full
+    return (f"the first {share:.0%} of the budget without the unroll (teacher forcing), then the {full} from those "
+            "weights with a fresh optimizer and schedule")
+
+
 def render_model_card(name: str, target: str, command: str, summary: dict[str, Any], report: dict[str, Any],
                       notes: str = "") -> str:
     tree, temp, train = report["tree"], report["temperature"], summary["train_config"]
@@ -29,8 +38,8 @@ def render_model_card(name: str, target: str, command: str, summary: dict[str, A
         f"of the target's stored top-{summary.get('top_k', 16)} probability mass on its own answers "
         f"({report['draft_vocab_coverage_heldout']:.1%} of held-out greedy tokens).",
         f"- Training: {summary['steps']} steps, batch {train['batch_tokens']} positions, AdamW lr {train['lr']}, "
-        f"cosine; training-time-test unroll of {train['num_unroll']} steps (loss weight 0.8^s); soft cross-entropy "
-        f"to the target's top-k distribution restricted to the draft vocabulary; seed {train['seed']}.",
+        f"cosine; {_unroll(train)}; soft cross-entropy to the target's top-k distribution restricted to the draft "
+        f"vocabulary; seed {train['seed']}.",
         f"- Final validation top-1 agreement per unroll step: {last.get('val_top1')}.",
         f"- Time on this machine (2 shared CPU cores): data {summary.get('data_seconds', '?')} s, "
         f"training {summary['train_seconds']} s, total {summary.get('total_seconds', '?')} s.", "",

@@ -1,8 +1,11 @@
 """Train an EAGLE-3 head on the stored self-distillation data: soft cross-entropy to the target's top-k
 distribution restricted to the draft vocabulary, over a few training-time-test steps.
 
+Training can run as a curriculum of two phases: plain teacher forcing (one unroll step) for a share of the
+budget, then the full unroll from those weights with a fresh optimizer and learning-rate schedule.
+
 Deterministic for a seed (batch order, initialization) unless `max_train_minutes` cuts training short.
-A checkpoint (head + optimizer + step) is written after every epoch and resumed from when present.
+A checkpoint (head + optimizer + phase + step) is written after every epoch and resumed from when present.
 """
 
 import math
@@ -19,6 +22,7 @@ from tqdm.auto import tqdm
 from ssd.draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
 from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
 from ssd.draft_training.unroll import unrolled_logits
+from ssd.errors import InvalidRequestError
 from ssd.loader.eagle3_checkpoint import save_eagle3_head
 from ssd.loader.safetensors_loader import iter_tensors
 from ssd.model_config import load_model_config
@@ -39,6 +43,9 @@ class TrainConfig:
     warmup_steps: int = 30
     batch_tokens: int = 512  # padded head positions per batch (small batches learn faster per second here)
     num_unroll: int = 3  # training-time-test steps; 1 = plain teacher forcing
+    # Share of the budget (steps, and time if capped) trained at one unroll step before the full unroll starts
+    # from those weights: the first phase learns single-step prediction faster, the second the later positions.
+    unroll_warmup_fraction: float = 0.5  # 0 = the full unroll throughout (docs/benchmarks.md: 0.5 won)
     step_decay: float = 0.8  # loss weight of unroll step s is step_decay**s
     draft_vocab_coverage: float = 0.95
     min_draft_vocab: int = 8192
@@ -163,9 +170,44 @@ def training_vocab(seqs: list[DistilledSequence], config: TrainConfig) -> DraftV
     return DraftVocab(vocab.target_ids, vocab.vocab_size, covered)
 
 
+def training_phases(config: TrainConfig) -> list[TrainConfig]:
+    """The configs trained one after the other: the whole budget at `num_unroll`, or with an unroll warm-up,
+    its share at one step and the rest at `num_unroll` (under a time cap, the second phase also gets the time
+    the first left when it ran out of steps first: see train_head)."""
+    share = config.unroll_warmup_fraction
+    if share <= 0.0 or config.num_unroll == 1:
+        return [config]
+    if share >= 1.0:
+        raise InvalidRequestError(f"unroll_warmup_fraction must be below 1 (got {share}): the full unroll needs a share")
+    minutes = config.max_train_minutes
+
+    def part(num_unroll: int, fraction: float) -> TrainConfig:
+        return replace(config, num_unroll=num_unroll, epochs=config.epochs * fraction, unroll_warmup_fraction=0.0,
+                       max_train_minutes=minutes * fraction if minutes else None)
+
+    return [part(1, share), part(config.num_unroll, 1.0 - share)]
+
+
+@dataclass
+class _Run:
+    """What every phase of one training run shares: the data, the validation batches and the history."""
+
+    config: TrainConfig
+    train_seqs: list[DistilledSequence]
+    t2d_index: torch.Tensor  # [V] target id -> draft id, -1 outside the draft vocabulary
+    val_batches: list[Batch]
+    checkpoints: Path
+    history: list[dict[str, Any]]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s.tokens) for s in self.train_seqs]
+
+
 def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: Path) -> dict[str, Any]:
     """Train, save the head to `out` (bfloat16), return a summary for the model card."""
     started = time.perf_counter()
+    phases = training_phases(config)
     torch.manual_seed(config.seed)
     seqs = load_sequences(shards)
     random.Random(config.seed).shuffle(seqs)
@@ -176,51 +218,73 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     head = init_head(config, vocab)
     head.train()
     t2d_index = vocab.target_to_draft()
-    make = lambda group: make_batch(group, t2d_index, config.num_unroll, config.prompt_loss_weight)  # noqa: E731
     generator = torch.Generator().manual_seed(config.seed)
-    val_batches = [make([val_seqs[i] for i in g])
+    val_batches = [make_batch([val_seqs[i] for i in g], t2d_index, config.num_unroll, config.prompt_loss_weight)
                    for g in batch_plan([len(s.tokens) for s in val_seqs], config.batch_tokens, generator)]
-    lengths = [len(s.tokens) for s in train_seqs]
-    steps_per_epoch = len(batch_plan(lengths, config.batch_tokens, torch.Generator().manual_seed(0)))
-    total_steps = max(1, int(config.epochs * steps_per_epoch))
-    optimizer = make_optimizer(head, config)
-    step = _resume(head, optimizer, checkpoints, config)
-    log.info("training", sequences=len(train_seqs), val_sequences=len(val_seqs), positions=sum(lengths),
+    run = _Run(config, train_seqs, t2d_index, val_batches, checkpoints, [])
+    resumed = _resume(head, checkpoints, config)
+    first_phase = resumed["phase"] if resumed else 0
+    steps = 0
+    train_started = time.perf_counter()
+    for index, phase in enumerate(phases):
+        if index < first_phase:
+            continue
+        if index == len(phases) - 1 and config.max_train_minutes:  # the last phase also gets what earlier ones left
+            spent = (time.perf_counter() - train_started) / 60
+            phase = replace(phase, max_train_minutes=max(config.max_train_minutes - spent, 1e-3))
+        optimizer = make_optimizer(head, phase)
+        step = 0
+        if resumed and index == first_phase:
+            optimizer.load_state_dict(resumed["optimizer"])
+            step = resumed["step"]
+        steps += _train_phase(head, optimizer, run, index, phase, step)
+    save_eagle3_head(head, out, dtype=torch.bfloat16)
+    return {
+        "train_config": asdict(config), "aux_layers": list(head.config.aux_layers), "draft_vocab_size": vocab.size,
+        "draft_vocab_coverage": round(vocab.coverage, 4), "train_sequences": len(train_seqs),
+        "train_positions": sum(run.lengths), "steps": steps, "phases": len(phases),
+        "train_seconds": round(time.perf_counter() - started), "validation": run.history,
+    }
+
+
+def _train_phase(head: Eagle3Head, optimizer: torch.optim.Optimizer, run: _Run, index: int, phase: TrainConfig,
+                 step: int) -> int:
+    """Train one phase from `step` until its steps or its time run out; returns the steps this phase took in all."""
+    lengths = run.lengths
+    steps_per_epoch = len(batch_plan(lengths, phase.batch_tokens, torch.Generator().manual_seed(0)))
+    total_steps = max(1, int(phase.epochs * steps_per_epoch))
+    make = lambda group: make_batch(group, run.t2d_index, phase.num_unroll, phase.prompt_loss_weight)  # noqa: E731
+    log.info("training", phase=index, unroll=phase.num_unroll, sequences=len(run.train_seqs),
+             val_sequences=sum(b.input_ids.shape[0] for b in run.val_batches), positions=sum(lengths),
              steps=total_steps, steps_per_epoch=steps_per_epoch, resumed_at=step,
              params=sum(p.numel() for p in trained_parameters(head)))
-    bar = tqdm(total=total_steps, initial=step, desc="train draft", unit="step")
+    bar = tqdm(total=total_steps, initial=step, desc=f"train draft (unroll {phase.num_unroll})", unit="step")
     train_started = time.perf_counter()
-    progress = lambda: max(step / total_steps, _time_fraction(train_started, config.max_train_minutes))  # noqa: E731
-    history = []
+    progress = lambda: max(step / total_steps, _time_fraction(train_started, phase.max_train_minutes))  # noqa: E731
     epoch = step // steps_per_epoch
     while progress() < 1.0:
-        plan = batch_plan(lengths, config.batch_tokens, torch.Generator().manual_seed(config.seed + epoch))
+        plan = batch_plan(lengths, phase.batch_tokens, torch.Generator().manual_seed(phase.seed + epoch))
         for group in plan[step % steps_per_epoch :]:
-            lr = _learning_rate(config, step, progress())
+            lr = _learning_rate(phase, step, progress())
             for g in optimizer.param_groups:
                 g["lr"] = lr
             is_logged = (step + 1) % LOG_EVERY == 0
-            losses, agree = optimizer_step(head, optimizer, make([train_seqs[i] for i in group]), config, is_logged)
+            losses, agree = optimizer_step(head, optimizer, make([run.train_seqs[i] for i in group]), phase, is_logged)
             step += 1
             bar.update(1)
             if is_logged:
                 bar.set_postfix(loss=f"{losses[0]:.3f}", top1=f"{agree[0]:.3f}")
-                log.info("train step", step=step, loss=[round(x, 3) for x in losses],
+                log.info("train step", phase=index, step=step, loss=[round(x, 3) for x in losses],
                          top1=[round(x, 3) for x in agree], lr=round(lr, 6), progress=round(progress(), 3))
             if progress() >= 1.0:
                 break
         epoch += 1
-        metrics = _evaluate(head, val_batches, config)
-        history.append({"step": step, **metrics})
-        log.info("validation", epoch=epoch, step=step, **metrics)
-        _save_checkpoint(head, optimizer, step, checkpoints, config)
+        metrics = _evaluate(head, run.val_batches, run.config)
+        run.history.append({"phase": index, "step": step, **metrics})
+        log.info("validation", phase=index, epoch=epoch, step=step, **metrics)
+        _save_checkpoint(head, optimizer, index, step, run.checkpoints, run.config)
     bar.close()
-    save_eagle3_head(head, out, dtype=torch.bfloat16)
-    return {
-        "train_config": asdict(config), "aux_layers": list(head.config.aux_layers), "draft_vocab_size": vocab.size, "draft_vocab_coverage": round(vocab.coverage, 4),
-        "train_sequences": len(train_seqs), "train_positions": sum(lengths), "steps": step,
-        "train_seconds": round(time.perf_counter() - started), "validation": history,
-    }
+    return step
 
 
 def _time_fraction(started: float, max_minutes: float | None) -> float:
@@ -233,28 +297,33 @@ def _learning_rate(config: TrainConfig, step: int, progress: float) -> float:
     return config.lr * warmup * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def _save_checkpoint(head: Eagle3Head, optimizer: torch.optim.Optimizer, step: int,
+def _save_checkpoint(head: Eagle3Head, optimizer: torch.optim.Optimizer, phase: int, step: int,
                      folder: Path, config: TrainConfig) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    state = {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": asdict(config)}
+    state = {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "phase": phase, "step": step,
+             "config": asdict(config)}
     tmp = folder / "latest.pt.tmp"
     torch.save(state, tmp)
     tmp.rename(folder / "latest.pt")
 
 
+# Options added after checkpoints were first written, with the value an older checkpoint was trained with.
+_ADDED_OPTIONS = {"unroll_warmup_fraction": 0.0}
+
+
 def _trained_options(config: dict[str, Any]) -> dict[str, Any]:
     """The options that decide what a checkpoint holds; a time cap only decides when training stops."""
-    return {k: v for k, v in config.items() if k != "max_train_minutes"}
+    return {k: v for k, v in {**_ADDED_OPTIONS, **config}.items() if k != "max_train_minutes"}
 
 
-def _resume(head: Eagle3Head, optimizer: torch.optim.Optimizer, folder: Path, config: TrainConfig) -> int:
+def _resume(head: Eagle3Head, folder: Path, config: TrainConfig) -> dict[str, Any] | None:
+    """Load the checkpoint's head; return its optimizer state, phase and step (None: start from scratch)."""
     path = folder / "latest.pt"
     if not path.is_file():
-        return 0
+        return None
     state = torch.load(path, weights_only=False)
     if _trained_options(state["config"]) != _trained_options(asdict(config)):
         log.warning("checkpoint was trained with other options; starting over", checkpoint=str(path))
-        return 0
+        return None
     head.load_state_dict(state["head"])
-    optimizer.load_state_dict(state["optimizer"])
-    return int(state["step"])
+    return {"optimizer": state["optimizer"], "phase": int(state.get("phase", 0)), "step": int(state["step"])}

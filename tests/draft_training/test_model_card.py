@@ -16,3 +16,8 @@ def test_model_card_has_command_and_tables():
               "by_dataset": {"mtbench": {"k": 5, "mean_tokens_per_round": 2.1}}}
     card = render_model_card("head", "smollm2-135m-instruct", "ssd train-draft --x", summary, report)
     assert "ssd train-draft --x" in card and "| 1 | 1.60 | 0.60 |" in card and "2.50" in card
+    assert "unroll of 3 steps" in card and "teacher forcing" not in card
+
+    summary["train_config"]["unroll_warmup_fraction"] = 0.5
+    card = render_model_card("head", "smollm2-135m-instruct", "ssd train-draft --x", summary, report)
+    assert "first 50% of the budget without the unroll" in card
