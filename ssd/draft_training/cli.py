@@ -54,8 +54,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     max_train_minutes = _train_minutes(args.max_train_minutes, args.max_total_minutes, data_s)
     train = TrainConfig(
         target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
-        num_unroll=args.unroll, unroll_warmup_fraction=args.unroll_warmup_fraction, draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
-        max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
+        num_unroll=args.unroll, unroll_warmup_fraction=args.unroll_warmup_fraction,
+        draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab, max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
         max_train_minutes=max_train_minutes, aux_layers=aux_layers, intermediate_size=args.intermediate_size,
     )
     summary = train_head(train, shards, out, work / "checkpoints")
