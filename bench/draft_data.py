@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--shard-size", type=int, default=64, help="prompts per shard (the generation batch)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the target's")
     args = parser.parse_args()
     configure_logging()
     torch.set_num_threads(args.threads)
@@ -35,7 +36,7 @@ def main() -> None:
     if out.exists() and any(out.iterdir()):
         parser.error(f"{out} is not empty; timing needs a fresh folder")
     config = DataConfig(target=str(resolve_model(args.model)), num_threads=args.threads, max_shards=args.shards,
-                        shard_size=args.shard_size)
+                        shard_size=args.shard_size, dtype=args.dtype)
     shard_seconds: list[float] = []
 
     def keep_seconds(_logger, _name, event):  # type: ignore[no-untyped-def]

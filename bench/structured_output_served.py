@@ -55,7 +55,7 @@ def main() -> None:
     args = p.parse_args()
     log_dir = Path("out/structured-output-served")
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = StackConfig(model="smollm2-135m-instruct", draft=DEFAULT_DRAFT, dtype="bfloat16",
+    config = StackConfig(model="smollm2-135m-instruct", draft=DEFAULT_DRAFT, dtype="auto",
                          tree_budget=default_tree_budget(DEFAULT_DRAFT), http_port=free_port(),
                          grpc_port=free_port(), log_dir=log_dir)
     stack = start_stack(config)

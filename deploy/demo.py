@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     log_dir = Path("out/demo-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = StackConfig(model="smollm2-135m-instruct", draft=args.draft, dtype="bfloat16",
+    config = StackConfig(model="smollm2-135m-instruct", draft=args.draft, dtype="auto",
                          tree_budget=default_tree_budget(args.draft), http_port=free_port(), grpc_port=free_port(),
                          log_dir=log_dir)
     modes = modes_for(args.draft)

@@ -41,7 +41,7 @@ def free_port() -> int:
 class StackConfig:
     model: str  # target checkpoint folder or known name
     draft: str | None = "ngram"  # None = no draft service (ar only)
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # the target's; see ssd/dtypes.py
     device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
     tensor_parallel_size: int = 1  # CPU ranks per target (one core each where there are enough)

@@ -13,7 +13,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder or known model name")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 elsewhere")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",

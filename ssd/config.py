@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from ssd.device import DEVICE_PATTERN
+from ssd.dtypes import DTYPE_CHOICES
 from ssd.errors import InvalidRequestError
 from ssd.spec.config import SpeculationConfig
 
@@ -10,7 +11,7 @@ from ssd.spec.config import SpeculationConfig
 @dataclass(frozen=True)
 class EngineConfig:
     model: str  # checkpoint folder, or a known model name (see `ssd models list`)
-    dtype: str = "bfloat16"  # float32 | bfloat16 | float16 | float64
+    dtype: str = "auto"  # auto (bfloat16 where the device runs it natively, else float32) | float32 | bfloat16 | ...
     block_size: int = 16  # tokens per KV block
     kv_cache_memory_mb: int = 1024  # KV cache budget; the number of blocks is derived from it
     max_num_seqs: int = 16  # sequences in one batch at most
@@ -48,6 +49,8 @@ class EngineConfig:
             raise InvalidRequestError("prefill_chunk_tokens must be 0 (off) or >= 2")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.linear_backend not in ("onednn", "torch"):
             raise InvalidRequestError(f"linear_backend must be 'onednn' or 'torch', got {self.linear_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -17,7 +17,7 @@ class TargetServiceConfig:
     model: str = DEFAULT_MODEL  # checkpoint folder or known model name
     address: str = "127.0.0.1:50051"  # host:port to listen on
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # bfloat16 where the device runs it natively, else float32 (ssd/dtypes.py)
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
     num_threads: int = 1  # torch intra-op threads (per tensor-parallel rank)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (worker processes of this service)
@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--model", default=env.get("SSD_TARGET_MODEL", DEFAULT_MODEL))
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
-    p.add_argument("--dtype", default=env.get("SSD_TARGET_DTYPE", "bfloat16"), choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default=env.get("SSD_TARGET_DTYPE", "auto"), choices=["auto", "float32", "bfloat16"],
+                   help="auto: bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 elsewhere")
     p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
                    help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))

@@ -9,6 +9,7 @@ import structlog
 from grpc import aio
 
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
+from ssd.dtypes import dtype_name
 from ssd.engine.llm_engine import StepOutput
 from ssd.engine.sequence import FinishReason
 from ssd.errors import InvalidRequestError
@@ -85,7 +86,8 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
             modes=[common_pb2.SPECULATION_MODE_AR] + (
                 [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD] if proposer else []),
             num_kv_blocks=engine_loop.engine.block_manager.num_blocks,
-            block_size=engine_loop.engine.block_manager.block_size, dtype=config.dtype)
+            block_size=engine_loop.engine.block_manager.block_size,
+            dtype=dtype_name(engine_loop.engine.worker.dtype))  # "auto" resolved
 
     def _mode(self, mode: int) -> int:
         """The request's mode, or the service's default when it names none."""

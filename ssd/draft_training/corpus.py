@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 
 from ssd.draft_training.data_gen import save_shard
 from ssd.draft_training.target_features import TargetFeatureExtractor
+from ssd.dtypes import parse_dtype
 from ssd.errors import InvalidRequestError
-from ssd.loader.model_loader import parse_dtype
 from ssd.tokenizer import load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -34,7 +34,7 @@ class CorpusConfig:
     window_tokens: int = 384
     top_k: int = 16
     shard_size: int = 32  # windows per shard
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # the target's: bfloat16 where the CPU runs it natively, else float32
 
 
 def corpus_texts() -> list[str]:

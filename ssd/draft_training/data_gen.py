@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 from ssd.draft_training.capture_generation import generate_captured
 from ssd.draft_training.prompts import TrainingPrompt, build_training_prompts
 from ssd.draft_training.target_features import CapturedSequence, TargetFeatureExtractor
+from ssd.dtypes import parse_dtype
 from ssd.errors import InvalidRequestError
-from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import load_model_config
 from ssd.models.eagle3 import default_aux_layers
 from ssd.sampling.params import SamplingParams
@@ -46,7 +46,7 @@ class DataConfig:
     top_k: int = 16  # target log-probs kept per position
     shard_size: int = 64  # prompts per shard (and per generation batch)
     max_shards: int | None = None  # use only the first shards (a prefix of the prompt list); None = all
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # the target's: bfloat16 where the CPU runs it natively, else float32
     num_threads: int | None = None
     aux_layers: tuple[int, int, int] | None = None  # default: (2, L // 2, L - 3)
 

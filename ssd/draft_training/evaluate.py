@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 from ssd.draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
 from ssd.draft_training.target_features import TargetFeatureExtractor
 from ssd.draft_training.tree_sim import simulate_tree
+from ssd.dtypes import parse_dtype
 from ssd.loader.eagle3_checkpoint import load_eagle3_config, load_eagle3_head
-from ssd.loader.model_loader import parse_dtype
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +35,7 @@ class EvalConfig:
     tree_branching: int = 2  # children considered per expanded node
     temperature: float = 0.7  # for the expected-acceptance estimate
     temperature_k: int = 5
-    dtype: str = "bfloat16"  # the target's dtype (the head runs in float32)
+    dtype: str = "auto"  # the target's dtype (the head runs in float32); auto: see ssd/dtypes.py
     num_threads: int | None = None
 
 

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ssd.draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
 from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
 from ssd.draft_training.unroll import unrolled_logits
+from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.errors import InvalidRequestError
 from ssd.loader.eagle3_checkpoint import save_eagle3_head
 from ssd.loader.safetensors_loader import iter_tensors
@@ -55,7 +56,9 @@ class TrainConfig:
     max_train_minutes: float | None = None
     grad_clip: float = 1.0
     is_feature_norm: bool = True  # RMS-normalize each target feature layer before fc (see Eagle3Config)
-    is_bf16_autocast: bool = True  # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on these CPUs
+    # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on CPUs with native bf16, ~7x slower on AVX2-only
+    # ones (Zen 3); None = on where the CPU has it (ssd.dtypes.cpu_has_fast_bfloat16)
+    is_bf16_autocast: bool | None = None
     aux_layers: tuple[int, int, int] | None = None  # the layers the data's features come from; None = default
     intermediate_size: int | None = None  # the decoder layer's MLP width; None = the target's
 
@@ -80,7 +83,8 @@ def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_prob
 def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig,
                with_top1: bool = True) -> tuple[torch.Tensor, list[float], list[float]]:
     """Total weighted loss over the unroll steps, plus per-step loss and top-1 agreement (for logs)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.is_bf16_autocast):
+    is_autocast = cpu_has_fast_bfloat16() if config.is_bf16_autocast is None else config.is_bf16_autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=is_autocast):
         hidden = head.fuse(batch.features)  # [B, L, d]
         per_step = unrolled_logits(head, batch.input_ids, hidden, batch.attention_mask, config.num_unroll)
     length = batch.input_ids.shape[1]

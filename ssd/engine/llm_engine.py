@@ -14,6 +14,7 @@ import torch
 from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.device import resolve_device
+from ssd.dtypes import dtype_name
 from ssd.engine.model_runner import ForwardItem
 from ssd.engine.model_worker import ModelWorker
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
@@ -86,14 +87,14 @@ class LLMEngine:
         if proposer is not None and config.speculation is None:
             raise InvalidRequestError("a proposer was given but speculation is not configured")
         if config.speculation is not None:
-            proposer = proposer or build_proposer(config.speculation, self.worker, config.dtype)
+            proposer = proposer or build_proposer(config.speculation, self.worker, dtype_name(self.worker.dtype))
             self.spec = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
             if proposer.feature_layers:  # the proposer needs target features of every prompt position
                 self.block_manager.enable_prefix_caching = False
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
-        log.info("engine ready", model=str(path), dtype=config.dtype, device=str(self.device),
+        log.info("engine ready", model=str(path), dtype=dtype_name(self.worker.dtype), device=str(self.device),
                  kv_blocks=self.worker.num_blocks, max_model_len=max_len, load_s=round(self.worker.load_s, 2),
                  tensor_parallel_size=config.tensor_parallel_size)
 

@@ -15,11 +15,12 @@ import torch
 
 from ssd.device import resolve_device
 from ssd.distributed import WHOLE, TensorParallel, tensor_parallel
+from ssd.dtypes import parse_dtype
 from ssd.engine.model_runner import ModelRunner
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
 from ssd.layers.linear import pack_linear_weights
-from ssd.loader.model_loader import load_model, parse_dtype
+from ssd.loader.model_loader import load_model
 from ssd.loader.safetensors_loader import read_tensor
 
 if TYPE_CHECKING:
@@ -42,8 +43,8 @@ class ModelWorker:
     ) -> None:
         started = time.perf_counter()
         self.path = path
-        self.dtype = parse_dtype(dtype)
         self.device = resolve_device(device)
+        self.dtype = parse_dtype(dtype, self.device)  # "auto": bfloat16 where the device runs it natively
         self.tp = tp
         with tensor_parallel(tp):
             self.model, self.model_config = load_model(path, self.dtype)

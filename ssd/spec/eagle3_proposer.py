@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from ssd.device import resolve_device
+from ssd.dtypes import parse_dtype
 from ssd.errors import InvalidRequestError
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.eagle3_checkpoint import load_eagle3_head
-from ssd.loader.model_loader import parse_dtype
 from ssd.model_config import ModelConfig
 from ssd.models.eagle3 import HeadKVCache
 from ssd.sampling.grammar import AnswerGrammar
@@ -46,7 +46,8 @@ class Eagle3Proposer:
         `device`: where the head runs; None = the target embedding's device."""
         tc = target_config
         device = resolve_device(target_embedding.device if device is None else device)
-        self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype), tc.num_hidden_layers, device)
+        self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype, device), tc.num_hidden_layers,
+                                      device)
         if device.type == "cpu":
             pack_linear_weights(self.head)  # inference only from here on: oneDNN-packed matmuls
         hc = self.head.config
