@@ -47,8 +47,12 @@ lint: install
 	$(BIN)/ruff check ssd bench tests protos rpc target_service draft_service gateway deploy loadtest
 	$(BIN)/lint-imports
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; tests/conftest.py keeps the services' tests on one);
+# `make test TEST_WORKERS=0` runs it in this process alone.
+TEST_WORKERS ?= 2
+
 test: model lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: model
 	$(BIN)/pytest -m slow

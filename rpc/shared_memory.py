@@ -30,6 +30,11 @@ MIN_SEGMENT_BYTES = 1 << 20
 MAX_SEGMENT_BYTES = 1 << 30  # a message that needs more goes inline
 
 
+def live_segments() -> set[str]:
+    """Names of this transport's segments that exist now, anyone's (not the tensor-parallel ranks' `ssd-tp-`)."""
+    return {p.name for p in SHM_DIR.glob("ssd-*") if _NAME.fullmatch(p.name)} if SHM_DIR.is_dir() else set()
+
+
 def is_available() -> bool:
     return SHM_DIR.is_dir()
 

@@ -13,6 +13,7 @@ from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.server import GrpcServer, ServiceSpec
 from ssd.config import EngineConfig
+from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
@@ -46,6 +47,10 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
                               offer_shared_memory=config.tensor_transport == "auto",
                               device=torch.device(config.device))
     engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
+    if config.device == "cpu" and config.default_mode != "ar" and not cpu_has_fast_bfloat16():
+        log.warning("this CPU has no native bfloat16 matmuls: verifying K+1 positions costs ~2x a decode step "
+                    "here, and speculation measured slower than plain decoding (README, 'Speculation depends on "
+                    "the CPU'); consider --default-mode ar", default_mode=config.default_mode)
     return engine, proposer
 
 

@@ -17,7 +17,7 @@ from draft_service.speculator import SpeculatorServicer
 from protos.ssd.v1 import common_pb2, draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.server import GrpcServer, ServiceSpec
-from rpc.shared_memory import SHM_DIR
+from rpc.shared_memory import live_segments
 from ssd.spec.proposer import ProposeRequest
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from tests.integration.helpers import wait_for
@@ -54,10 +54,6 @@ def draft_address(tmp_path_factory):
     thread.join(10)
 
 
-def segments() -> set[str]:
-    return {p.name for p in SHM_DIR.glob("ssd-*")}
-
-
 def request(seq_id: int, tokens: list[int], start: int, features: torch.Tensor | None,
             temperature: float = 0.0) -> ProposeRequest:
     return ProposeRequest(seq_id, tokens, K, temperature, torch.Generator(), None, features, start)
@@ -67,7 +63,7 @@ def request(seq_id: int, tokens: list[int], start: int, features: torch.Tensor |
 def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_address, transport):
     layers = fetch_feature_layers(draft_address, timeout_s=10)
     assert layers == (0, 1, 2)
-    before = segments()
+    before = live_segments()
     proposer = RemoteProposer(draft_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05,
                               feature_layers=layers, offer_shared_memory=transport == SHM)
     try:
@@ -93,7 +89,7 @@ def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_addr
         assert sampled.q.shape == (K, 96) and torch.allclose(sampled.q.sum(-1), torch.ones(K))  # q came back
     finally:
         proposer.close()
-    assert wait_for(lambda: not segments() - before, timeout_s=10)  # both sides unlinked their segments
+    assert wait_for(lambda: not live_segments() - before, timeout_s=10)  # both sides unlinked their segments
 
 
 def test_a_target_without_the_drafts_feature_layers_stays_in_ar(draft_address):

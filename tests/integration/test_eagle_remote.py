@@ -12,7 +12,7 @@ import pytest
 
 from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child, stop_stack
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
-from rpc.shared_memory import SHM_DIR
+from rpc.shared_memory import SHM_DIR, live_segments
 from tests.integration.helpers import draft_load, wait_for
 from tests.spec.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
@@ -30,18 +30,14 @@ def services(folders, tmp_path_factory):
     target, head = folders
     config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-eagle"))
-    before = segments()
+    before = live_segments()
     stack = start_stack(config, timeout_s=180)
     try:
         yield stack.target_addresses[0], stack.draft_address
     finally:
         stop_stack(stack)
     assert (config.log_dir / "draft.log").read_text().count("TENSOR_TRANSPORT_SHARED_MEMORY") >= int(SHM_DIR.is_dir())
-    assert wait_for(lambda: not segments() - before, timeout_s=10)  # stopped services unlinked their segments
-
-
-def segments() -> set[str]:
-    return {p.name for p in SHM_DIR.glob("ssd-*")}
+    assert wait_for(lambda: not live_segments() - before, timeout_s=10)  # stopped services unlinked their segments
 
 
 def generate(address: str, prompt: list[int], mode: int = common_pb2.SPECULATION_MODE_SD,
