@@ -47,12 +47,13 @@ lint: install
 	$(BIN)/ruff check ssd bench tests protos rpc target_service draft_service gateway deploy loadtest
 	$(BIN)/lint-imports
 
-# The suite runs on TEST_WORKERS processes (pytest-xdist; tests/conftest.py keeps the services' tests on one);
-# `make test TEST_WORKERS=0` runs it in this process alone.
+# The suite runs on TEST_WORKERS processes (pytest-xdist, a test file per worker at a time), then the tests
+# marked `serial` (they check machine-wide state) alone; `make test TEST_WORKERS=0` runs it all in one process.
 TEST_WORKERS ?= 2
 
 test: model lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not serial"
+	$(BIN)/pytest -m "serial and not slow"
 
 test-slow: model
 	$(BIN)/pytest -m slow

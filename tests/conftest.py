@@ -1,24 +1,10 @@
 """Shared fixtures: tiny random checkpoints, and the real default model when it is cached."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.letter_models import write_letter_models
 from tests.tiny_models import write_tiny_checkpoint
-
-# Test folders whose services and sessions create the draft session's shared-memory segments. Under
-# `pytest -n 2 --dist loadgroup` (make test) they run on one worker, one after another, so a test that checks
-# its services left no segment behind never sees another test's; the other folders spread over both workers.
-SHARED_MEMORY_FOLDERS = ("integration", "rpc", "draft_service")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if Path(item.fspath).parent.name in SHARED_MEMORY_FOLDERS:
-            item.add_marker(pytest.mark.xdist_group("shared-memory"))
 
 
 @pytest.fixture(scope="session", autouse=True)
