@@ -47,13 +47,14 @@ lint: install
 	$(BIN)/ruff check ssd bench tests protos rpc target_service draft_service gateway deploy loadtest
 	$(BIN)/lint-imports
 
-# The suite runs on TEST_WORKERS processes (pytest-xdist, a test file per worker at a time), then the tests
-# marked `serial` (they check machine-wide state) alone; `make test TEST_WORKERS=0` runs it all in one process.
+# The unit tests run on TEST_WORKERS processes (pytest-xdist, a test file per worker at a time); then the
+# integration tests (real services on localhost: load-sensitive waits, machine-wide /dev/shm checks) alone.
+# `make test TEST_WORKERS=0` runs the first part in one process too.
 TEST_WORKERS ?= 2
 
 test: model lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not serial"
-	$(BIN)/pytest -m "serial and not slow"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/integration
+	$(BIN)/pytest tests/integration
 
 test-slow: model
 	$(BIN)/pytest -m slow

@@ -24,10 +24,6 @@ from tests.integration.helpers import wait_for
 from tests.spec.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
-# Checks that its services leave no shared-memory segment behind: /dev/shm is machine-wide, so this module
-# runs after the parallel part of `make test`, alone.
-pytestmark = pytest.mark.serial
-
 K = 3
 SHM, INLINE = common_pb2.TENSOR_TRANSPORT_SHARED_MEMORY, common_pb2.TENSOR_TRANSPORT_INLINE
 

@@ -16,10 +16,6 @@ from rpc.shared_memory import SHM_DIR, live_segments
 from tests.integration.helpers import draft_load, wait_for
 from tests.spec.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
-# Checks that its services leave no shared-memory segment behind: /dev/shm is machine-wide, so this module
-# runs after the parallel part of `make test`, alone.
-pytestmark = pytest.mark.serial
-
 MAX_TOKENS = 24
 
 
