@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed = time.perf_counter() - start
                 rates[mode].append(tokens / elapsed)
                 _print(f"\n[{tokens} tokens in {elapsed:.2f} s: {tokens / elapsed:.1f} tokens/s end to end]\n")
-        _print("\n=== tokens/s end to end (gateway + target, batch 1, bf16) ===\n")
+        _print("\n=== tokens/s end to end (gateway + target, batch 1, dtype auto: bf16 where native, else float32) ===\n")
         for mode, values in rates.items():
             _print(f"  {mode}: {sum(values) / len(values):.1f} tokens/s (mean of {len(values)})\n")
         _print(f"\n=== structured output: response_format json_schema (server default mode) ===\n{JSON_PROMPT}\n")
