@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.datasets import load_prompts
 from bench.runner import BenchSettings, by_dataset, run_benchmarks
-from ssd.cli_flags import add_speculation_flags, tree_from_args
+from ssd.cli_flags import add_dtype_flag, add_speculation_flags, tree_from_args
 from ssd.dtypes import resolve_dtype_name
 from ssd.errors import InvalidRequestError
 
@@ -59,8 +59,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
     p.add_argument("--batch", type=_int_list, default=[1], help="prompts decoded together (comma list)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto (default): bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 elsewhere")
+    add_dtype_flag(p, whose="the target's")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
     p.add_argument("--target-core", type=int, default=None,
@@ -93,7 +92,8 @@ def main(args: argparse.Namespace) -> int:
         batches = sweep[1] if sweep and sweep[0] == "batch" else args.batch
         base = BenchSettings(
             mode=args.mode[0], model=args.model, dataset=dataset, output_len=args.output_len,
-            batch=batches[0], temperature=args.temp, dtype=resolve_dtype_name(args.dtype), threads=args.threads, warmup=args.warmup,
+            batch=batches[0], temperature=args.temp, dtype=resolve_dtype_name(args.dtype), threads=args.threads,
+            warmup=args.warmup,
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,

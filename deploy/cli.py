@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ssd.cli_flags import add_dtype_flag
 from ssd.model_store import DEFAULT_DRAFT
 
 if TYPE_CHECKING:
@@ -18,8 +19,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
     s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
-    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto (default): bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 elsewhere")
+    add_dtype_flag(s, whose="the models'")
     s.add_argument("--device", default="cpu",
                    help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
     s.add_argument("--targets", type=int, default=1, help="target replicas")

@@ -5,6 +5,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.spec.config import BACKUP_KINDS, SsdConfig
@@ -43,8 +44,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--target-model", default=env.get("SSD_DRAFT_TARGET_MODEL") or None,
                    help="target checkpoint folder or known model name (needed by EAGLE-3 heads)")
     p.add_argument("--address", default=env.get("SSD_DRAFT_ADDRESS", "127.0.0.1:50052"))
-    p.add_argument("--dtype", default=env.get("SSD_DRAFT_DTYPE", "float32"), choices=["auto", "float32", "bfloat16"],
-                   help="the draft's weights; auto: bfloat16 where the device runs it natively, else float32")
+    add_dtype_flag(p, default=env.get("SSD_DRAFT_DTYPE", "float32"), whose="the draft's")
     p.add_argument("--device", default=env.get("SSD_DRAFT_DEVICE", "cpu"), help="where the draft runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))

@@ -4,7 +4,7 @@ import argparse
 import sys
 import time
 
-from ssd.cli_flags import add_speculation_flags, speculation_from_args
+from ssd.cli_flags import add_dtype_flag, add_speculation_flags, speculation_from_args
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
 
@@ -13,8 +13,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder or known model name")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto (default): bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 elsewhere")
+    add_dtype_flag(p, extra_choices=("float16",))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",

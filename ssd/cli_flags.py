@@ -1,4 +1,4 @@
-"""Command-line flags shared by `ssd generate`, `ssd bench` and the services: speculation settings."""
+"""Command-line flags shared by `ssd generate`, `ssd bench` and the services: dtype and speculation settings."""
 
 import argparse
 
@@ -6,6 +6,14 @@ from ssd.model_store import DEFAULT_DRAFT
 from ssd.spec.config import BACKUP_KINDS, SpeculationConfig, SsdConfig
 from ssd.spec.fanout import FAN_OUT_KINDS
 from ssd.spec.proposer import TreeShape
+
+
+def add_dtype_flag(p: argparse.ArgumentParser, default: str = "auto", whose: str = "the model's",
+                   extra_choices: tuple[str, ...] = ()) -> None:
+    """--dtype: auto (ssd/dtypes.py), float32 or bfloat16 (plus `extra_choices`)."""
+    p.add_argument("--dtype", default=default, choices=["auto", "float32", "bfloat16", *extra_choices],
+                   help=f"{whose} dtype; auto: bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 "
+                        f"elsewhere (default {default})")
 
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:

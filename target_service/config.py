@@ -4,6 +4,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
@@ -74,8 +75,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--model", default=env.get("SSD_TARGET_MODEL", DEFAULT_MODEL))
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
-    p.add_argument("--dtype", default=env.get("SSD_TARGET_DTYPE", "auto"), choices=["auto", "float32", "bfloat16"],
-                   help="auto: bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 elsewhere")
+    add_dtype_flag(p, default=env.get("SSD_TARGET_DTYPE", "auto"), whose="the target's")
     p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
                    help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))

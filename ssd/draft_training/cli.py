@@ -8,6 +8,7 @@ from pathlib import Path
 
 import structlog
 
+from ssd.cli_flags import add_dtype_flag
 from ssd.errors import InvalidRequestError
 
 log = structlog.get_logger(__name__)
@@ -159,8 +160,7 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--aux-layers", type=_aux_layers, default=None, metavar="A,B,C",
                    help="the three target layers whose entering residual stream the head reads; default 2,L/2,L-3")
     t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")
-    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="target dtype for data (auto: bfloat16 where the CPU runs it natively, else float32)")
+    add_dtype_flag(t, whose="the target's (for the data)")
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--epochs", type=float, default=8.0)
     t.add_argument("--lr", type=float, default=1e-3)
@@ -186,8 +186,7 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--num-prompts", type=int, default=16, help="per data set")
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--tree-budget", type=int, default=16, help="draft tokens in the token tree")
-    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="the target's dtype (auto: bfloat16 where the CPU runs it natively, else float32)")
+    add_dtype_flag(e, whose="the target's")
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the report as JSON here")
     e.add_argument("--write-card", action="store_true",

@@ -62,6 +62,10 @@ class TrainConfig:
     aux_layers: tuple[int, int, int] | None = None  # the layers the data's features come from; None = default
     intermediate_size: int | None = None  # the decoder layer's MLP width; None = the target's
 
+    @property
+    def uses_bf16_autocast(self) -> bool:
+        return cpu_has_fast_bfloat16() if self.is_bf16_autocast is None else self.is_bf16_autocast
+
 
 def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
                        weights: torch.Tensor, with_top1: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,8 +87,7 @@ def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_prob
 def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig,
                with_top1: bool = True) -> tuple[torch.Tensor, list[float], list[float]]:
     """Total weighted loss over the unroll steps, plus per-step loss and top-1 agreement (for logs)."""
-    is_autocast = cpu_has_fast_bfloat16() if config.is_bf16_autocast is None else config.is_bf16_autocast
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=is_autocast):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.uses_bf16_autocast):
         hidden = head.fuse(batch.features)  # [B, L, d]
         per_step = unrolled_logits(head, batch.input_ids, hidden, batch.attention_mask, config.num_unroll)
     length = batch.input_ids.shape[1]
