@@ -17,8 +17,8 @@ import torch
 from draft_service.proposers import load_target_embedding
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
-from ssd.spec.eagle3_proposer import Eagle3Proposer
-from ssd.spec.proposer import ProposeRequest
+from ssd.speculation.eagle3_proposer import Eagle3Proposer
+from ssd.speculation.proposer import ProposeRequest
 
 
 def time_proposals(target: str, draft: str, k: int, context: int, accepted: int, rounds: int, dtype: str,

@@ -22,8 +22,8 @@ from bench.timing import GroupTiming
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig, SsdConfig
-from ssd.spec.proposer import TreeShape
+from ssd.speculation.config import SpeculationConfig, SsdConfig
+from ssd.speculation.proposer import TreeShape
 
 Runner = Callable[[list[list[int]]], GroupTiming]
 

@@ -24,8 +24,8 @@ from ssd.llm import LLM
 from ssd.sampling import grammar as grammar_module
 from ssd.sampling.grammar import Grammar
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig, SsdConfig
-from ssd.spec.proposer import TreeShape
+from ssd.speculation.config import SpeculationConfig, SsdConfig
+from ssd.speculation.proposer import TreeShape
 
 SUBJECTS = ["Paris", "a golden retriever", "the planet Mars", "a bicycle", "Ada Lovelace", "the Nile river",
             "a cup of coffee", "the Python language"]

@@ -11,7 +11,7 @@ import torch
 
 from draft_service.config import DraftServiceConfig, parse_args
 from draft_service.proposers import ServiceDraft, build_service_proposer
-from draft_service.speculator import SpeculatorServicer
+from draft_service.servicer import SpeculatorServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS

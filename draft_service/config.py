@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
-from ssd.spec.config import BACKUP_KINDS, SsdConfig
-from ssd.spec.fanout import FAN_OUT_KINDS
+from ssd.speculation.config import BACKUP_KINDS, SsdConfig
+from ssd.speculation.fanout import FAN_OUT_KINDS
 
 
 @dataclass(frozen=True)

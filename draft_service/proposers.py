@@ -20,11 +20,11 @@ from ssd.loader.safetensors_loader import checkpoint_files
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
 from ssd.sampling.grammar import GrammarCompiler
-from ssd.spec.draft_model import DraftModelProposer
-from ssd.spec.factory import branch_drafter_for, is_eagle3_folder
-from ssd.spec.ngram import NgramProposer
-from ssd.spec.proposer import Proposer
-from ssd.spec.ssd_speculator import SsdSpeculator
+from ssd.speculation.draft_model import DraftModelProposer
+from ssd.speculation.factory import branch_drafter_for, is_eagle3_folder
+from ssd.speculation.ngram import NgramProposer
+from ssd.speculation.proposer import Proposer
+from ssd.speculation.ssd_speculator import SsdSpeculator
 from ssd.tokenizer import eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -75,7 +75,7 @@ def grammar_compiler(folder: Path) -> GrammarCompiler | None:
 
 def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     """An EAGLE-3 head over the target named by `config.target_model` (its embedding and config)."""
-    from ssd.spec.eagle3_proposer import Eagle3Proposer
+    from ssd.speculation.eagle3_proposer import Eagle3Proposer
 
     if not config.target_model:
         raise InvalidRequestError(

@@ -23,9 +23,9 @@ from rpc import torch_tensors
 from rpc.tensors import SessionTensors
 from ssd.errors import InvalidRequestError
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
-from ssd.spec.proposer import Proposer, ProposeRequest, TreeShape
-from ssd.spec.speculation import Speculation
-from ssd.spec.ssd_speculator import BuildJob, SsdSpeculator
+from ssd.speculation.proposer import Proposer, ProposeRequest, TreeShape
+from ssd.speculation.speculation import Speculation
+from ssd.speculation.ssd_speculator import BuildJob, SsdSpeculator
 
 log = structlog.get_logger(__name__)
 

@@ -3,8 +3,8 @@
 from dataclasses import replace
 
 from protos.ssd.v1 import draft_pb2
-from ssd.spec.config import SsdConfig
-from ssd.spec.ssd_speculator import SsdCounters
+from ssd.speculation.config import SsdConfig
+from ssd.speculation.ssd_speculator import SsdCounters
 
 
 def round_config(default: SsdConfig, options: draft_pb2.SsdOptions) -> SsdConfig:

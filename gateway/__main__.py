@@ -10,10 +10,10 @@ import uvicorn
 from gateway.auth import ApiKeys
 from gateway.config import ConfigError, GatewayConfig, parse_args
 from gateway.generation import TextGenerator
-from gateway.grpc_api import GenerationServicer
 from gateway.http_api import build_app
 from gateway.metrics import GatewayMetrics
 from gateway.router import Router
+from gateway.servicer import GenerationServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import gateway_pb2_grpc
 from rpc.logging import configure_service_logging

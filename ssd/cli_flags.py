@@ -3,9 +3,9 @@
 import argparse
 
 from ssd.model_store import DEFAULT_DRAFT
-from ssd.spec.config import BACKUP_KINDS, SpeculationConfig, SsdConfig
-from ssd.spec.fanout import FAN_OUT_KINDS
-from ssd.spec.proposer import TreeShape
+from ssd.speculation.config import BACKUP_KINDS, SpeculationConfig, SsdConfig
+from ssd.speculation.fanout import FAN_OUT_KINDS
+from ssd.speculation.proposer import TreeShape
 
 
 def add_dtype_flag(p: argparse.ArgumentParser, default: str = "auto", whose: str = "the model's",

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from ssd.device import DEVICE_PATTERN
 from ssd.dtypes import DTYPE_CHOICES
 from ssd.errors import InvalidRequestError
-from ssd.spec.config import SpeculationConfig
+from ssd.speculation.config import SpeculationConfig
 
 
 @dataclass(frozen=True)

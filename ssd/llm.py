@@ -14,7 +14,7 @@ from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
-from ssd.spec.proposer import Proposer
+from ssd.speculation.proposer import Proposer
 from ssd.tokenizer import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]

@@ -17,12 +17,12 @@ from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
-from ssd.spec.config import SpeculationConfig
-from ssd.spec.proposer import TreeShape
+from ssd.speculation.config import SpeculationConfig
+from ssd.speculation.proposer import TreeShape
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
-from target_service.verifier import VerifierServicer
+from target_service.servicer import VerifierServicer
 
 log = structlog.get_logger(__name__)
 

@@ -8,7 +8,7 @@ from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
-from ssd.spec.proposer import MAX_TREE_BUDGET
+from ssd.speculation.proposer import MAX_TREE_BUDGET
 
 MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
 

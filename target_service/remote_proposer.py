@@ -26,9 +26,9 @@ import torch
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from rpc import torch_tensors
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
-from ssd.spec.config import SsdConfig
-from ssd.spec.proposer import ProposeRequest
-from ssd.spec.speculation import Speculation
+from ssd.speculation.config import SsdConfig
+from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.speculation import Speculation
 from target_service.draft_session import DraftSession, SentSequence
 from target_service.ssd_wire import DraftTimings, ssd_options
 

@@ -29,8 +29,8 @@ from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, prompt_token_logprobs, token_logprobs
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
-from ssd.spec.factory import build_proposer
-from ssd.spec.proposer import Proposer
+from ssd.speculation.factory import build_proposer
+from ssd.speculation.proposer import Proposer
 from ssd.tokenizer import eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)

@@ -9,7 +9,7 @@ import torch
 from ssd.sampling.grammar import GrammarState
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
-from ssd.spec.metrics import SpecCounters
+from ssd.speculation.metrics import SpecCounters
 
 
 class SequenceStatus(Enum):

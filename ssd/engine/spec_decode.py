@@ -1,7 +1,7 @@
 """One synchronous speculative-decoding round (SD) for a decode batch.
 
 Propose (draft), verify every sequence's chain or tree in ONE target forward, accept a prefix and
-sample the bonus token exactly (ssd/spec/verification.py), keep only the accepted path's KV, and
+sample the bonus token exactly (ssd/speculation/verification.py), keep only the accepted path's KV, and
 hand the proposer what it needs for the next round (committed length, target features).
 """
 
@@ -18,11 +18,11 @@ from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
-from ssd.spec.config import SpeculationConfig
-from ssd.spec.metrics import SpecCounters
-from ssd.spec.proposer import Proposer, ProposeRequest
-from ssd.spec.speculation import Outcome, Speculation
-from ssd.spec.verification import verify_greedy, verify_sampled
+from ssd.speculation.config import SpeculationConfig
+from ssd.speculation.metrics import SpecCounters
+from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.speculation import Outcome, Speculation
+from ssd.speculation.verification import verify_greedy, verify_sampled
 
 
 class SpeculativeDecoder:

@@ -10,9 +10,9 @@ from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import to_tensor
 from ssd.errors import CheckpointError, InvalidRequestError
 from ssd.model_config import load_model_config
-from ssd.spec.eagle3_proposer import Eagle3Proposer
-from ssd.spec.proposer import ProposeRequest
-from tests.spec.test_eagle3_sd import tiny_target_and_head
+from ssd.speculation.eagle3_proposer import Eagle3Proposer
+from ssd.speculation.proposer import ProposeRequest
+from tests.speculation.test_eagle3_sd import tiny_target_and_head
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]

@@ -11,7 +11,7 @@ from draft_service.session import Session
 from protos.ssd.v1 import common_pb2, draft_pb2
 from ssd.sampling.grammar import Grammar, GrammarCompiler
 from tests.letter_models import EOS
-from tests.spec.test_grammar import PROMPT
+from tests.speculation.test_grammar import PROMPT
 
 REGEX = "[a-n]{2,4}(cdefghij|klm)[a-n]{2,4}"
 K = 4

@@ -16,10 +16,10 @@ from structlog.testing import capture_logs
 
 from draft_service.config import DraftServiceConfig
 from draft_service.proposers import build_service_proposer
+from draft_service.servicer import SpeculatorServicer
 from draft_service.session import Session
-from draft_service.speculator import SpeculatorServicer
 from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
-from ssd.spec.ngram import NgramProposer
+from ssd.speculation.ngram import NgramProposer
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -201,7 +201,7 @@ def test_the_answer_is_on_the_wire_before_the_build_runs(server, draft, greedy, 
 
 def test_ssd_flags_build_the_default_config(monkeypatch):
     from draft_service.config import parse_args
-    from ssd.spec.config import SsdConfig
+    from ssd.speculation.config import SsdConfig
 
     monkeypatch.setenv("SSD_DRAFT_BACKUP", "fast")
     config = parse_args(["--fan-out-budget", "3", "--fan-out", "uniform", "--saguaro-c", "0.5",

@@ -7,8 +7,8 @@ from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig, SsdConfig
-from tests.spec.test_eagle3_sd import write_tiny_head
+from ssd.speculation.config import SpeculationConfig, SsdConfig
+from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
 SHORT = [5, 6, 7, 8, 9]

@@ -10,9 +10,9 @@ from ssd.engine.model_runner import ForwardItem
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig, SsdConfig
-from ssd.spec.proposer import TreeShape
-from tests.spec.test_eagle3_sd import tiny_target_draft_and_head
+from ssd.speculation.config import SpeculationConfig, SsdConfig
+from ssd.speculation.proposer import TreeShape
+from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

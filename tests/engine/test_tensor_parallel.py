@@ -14,9 +14,9 @@ from ssd.engine.model_runner import ForwardItem
 from ssd.errors import EngineDeadError, InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.spec.config import SpeculationConfig, SsdConfig
-from ssd.spec.proposer import TreeShape
-from tests.spec.test_eagle3_sd import write_tiny_head
+from ssd.speculation.config import SpeculationConfig, SsdConfig
+from ssd.speculation.proposer import TreeShape
+from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9], [20, 21, 22]]

@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.grpc_api import _text_request
+from gateway.servicer import _text_request
 from protos.ssd.v1 import common_pb2, gateway_pb2
 
 

@@ -14,7 +14,7 @@ import torch
 
 from deploy.local import free_port, spawn, stop_child, wait_healthy
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
-from tests.spec.test_eagle3_sd import PROMPTS, tiny_target_and_head
+from tests.speculation.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MAX_TOKENS = 24

@@ -13,15 +13,15 @@ import torch
 from deploy.local import free_port
 from draft_service.config import DraftServiceConfig
 from draft_service.proposers import build_service_proposer
-from draft_service.speculator import SpeculatorServicer
+from draft_service.servicer import SpeculatorServicer
 from protos.ssd.v1 import common_pb2, draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.server import GrpcServer, ServiceSpec
 from rpc.shared_memory import live_segments
-from ssd.spec.proposer import ProposeRequest
+from ssd.speculation.proposer import ProposeRequest
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from tests.integration.helpers import wait_for
-from tests.spec.test_eagle3_sd import write_tiny_head
+from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
 K = 3

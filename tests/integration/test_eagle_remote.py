@@ -14,7 +14,7 @@ from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child,
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from rpc.shared_memory import SHM_DIR, live_segments
 from tests.integration.helpers import draft_load, wait_for
-from tests.spec.test_eagle3_sd import PROMPTS, tiny_target_and_head
+from tests.speculation.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
 MAX_TOKENS = 24
 
@@ -107,7 +107,7 @@ def test_per_request_speculation_stats_equal_in_process_eagle(folders, services)
     """Same features, same head: the remote drafts are the in-process drafts, so accepted counts match."""
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
-    from ssd.spec.config import SpeculationConfig
+    from ssd.speculation.config import SpeculationConfig
 
     target, head = folders
     spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)

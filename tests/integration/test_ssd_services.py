@@ -16,8 +16,8 @@ import pytest
 from deploy.local import Stack, StackConfig, free_port, start_draft, start_stack, stop_stack, wait_healthy
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from tests.integration.helpers import draft_load, target_load, wait_for
-from tests.spec.test_eagle3_sd import write_tiny_head
-from tests.spec.test_ssd_inprocess import PROMPTS
+from tests.speculation.test_eagle3_sd import write_tiny_head
+from tests.speculation.test_ssd_inprocess import PROMPTS
 from tests.tiny_models import write_tiny_checkpoint
 
 K = 3

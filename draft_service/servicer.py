@@ -1,0 +1,130 @@
+"""The Speculator servicer: sessions over one bidi stream each, proposals in one worker thread.
+
+Proposer work (model forwards) runs in a single-thread executor, so the event loop keeps serving
+and the proposer, which is not thread-safe, sees one call at a time across all sessions.
+
+SSD: a round's answer is sent first; its cache build is queued on that same worker only after the
+send (grpc.aio resumes a response generator once it has written what it yielded), and before the
+session's next message is read, so the next round queues behind the build and sees its cache.
+"""
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+from grpc import aio
+
+from draft_service.proposers import ServiceDraft
+from draft_service.session import RoundResult, Session
+from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from ssd.speculation.metrics import SpecCounters
+
+log = structlog.get_logger(__name__)
+
+
+class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
+    def __init__(self, draft: ServiceDraft, draft_name: str) -> None:
+        self.draft = draft
+        self.proposer = draft.proposer
+        self.ssd = draft.ssd  # the SsdSpeculator over the same neural draft; None for n-gram
+        self.draft_name = draft_name
+        self.vocab_size = draft.vocab_size
+        self.feature_layers = list(draft.proposer.feature_layers)  # target layers the draft needs features of
+        self.sessions: dict[str, Session] = {}
+        self.counters = SpecCounters()  # rounds and draft tokens proposed (acceptance is the target's)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proposer")
+
+    async def _in_worker(self, fn, *args):  # noqa: ANN001, ANN202 - thin executor hop
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def _hello(self, hello: draft_pb2.Hello) -> draft_pb2.SessionResponse | None:
+        if self.vocab_size and hello.vocab_size and hello.vocab_size != self.vocab_size:
+            return draft_pb2.SessionResponse(error=draft_pb2.Error(
+                code="FAILED_PRECONDITION",
+                message=f"the draft's vocabulary has {self.vocab_size} tokens, the target's {hello.vocab_size}"))
+        return None
+
+    async def Session(self, request_iterator: AsyncIterator[draft_pb2.SessionRequest],
+                      context: aio.ServicerContext) -> AsyncIterator[draft_pb2.SessionResponse]:
+        key = uuid.uuid4().hex
+        session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width, ssd=self.ssd,
+                          device=self.draft.device, grammars=self.draft.grammars)
+        self.sessions[key] = session
+        context.add_done_callback(lambda _: self._end_session(key))
+        bound = log.bind(session=key[:8])
+        try:
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("kind")
+                if kind == "hello":
+                    session.target_id = msg.hello.target_id
+                    bound.info("session opened", target=session.target_id)
+                    error = self._hello(msg.hello)
+                    if error is not None:
+                        yield error
+                        continue
+                    hello = msg.hello
+                    transport = session.tensors.accept(
+                        list(hello.transports), hello.shm_probe if hello.HasField("shm_probe") else None,
+                        hello.cuda_probe if hello.HasField("cuda_probe") else None)
+                    bound.info("tensor transport", transport=common_pb2.TensorTransport.Name(transport))
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
+                        draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
+                elif kind == "round":
+                    result = await self._in_worker(_timed_round, session, msg.round, time.perf_counter())
+                    specs = result.speculations
+                    for item in specs.items:
+                        if item.token_ids:  # empty ones (no target features) are no draft
+                            self.counters.record(len(item.token_ids), 0, 0)
+                    for err in specs.errors:
+                        bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
+                    if result.build is not None:  # the answer is written: build while the target verifies
+                        self.executor.submit(session.build, result.build)  # not awaited; errors logged inside
+                elif kind == "release":
+                    await self._in_worker(session.release, list(msg.release.seq_ids))
+                else:
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, error=draft_pb2.Error(
+                        code="INVALID_ARGUMENT", message="a SessionRequest needs hello, round or release"))
+        finally:
+            self._end_session(key)
+
+    def _end_session(self, key: str) -> None:
+        """Free a session whose stream ended, once: from the RPC's done callback (a cancelled stream's handler
+        may never reach its `finally`) or that `finally`. The worker closes it after any round in progress."""
+        session = self.sessions.pop(key, None)
+        if session is not None:  # else already freed (or close() did)
+            self.executor.submit(session.close)
+            log.info("session closed", session=key[:8], target=session.target_id)
+
+    async def close(self) -> None:
+        """After the server stopped: free every session left (state, shared memory), then the worker."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for session in sessions:
+            await self._in_worker(session.close)
+        self.executor.shutdown(wait=True)
+
+    async def GetInfo(self, request: draft_pb2.DraftInfoRequest, context: aio.ServicerContext) -> draft_pb2.DraftInfo:
+        return draft_pb2.DraftInfo(draft_name=self.draft_name, vocab_size=self.vocab_size,
+                                   has_q=self.draft_name != "ngram", feature_layers=self.feature_layers,
+                                   has_ssd=self.ssd is not None)
+
+    async def GetLoad(self, request: common_pb2.LoadRequest, context: aio.ServicerContext) -> common_pb2.Load:
+        worker = getattr(self.proposer, "worker", None)
+        total = used = 0
+        if worker is not None:
+            total = worker.block_manager.num_blocks
+            used = total - worker.block_manager.num_free_blocks
+        return common_pb2.Load(
+            num_sequences=sum(len(s.seqs) for s in self.sessions.values()),
+            num_used_kv_blocks=used, num_kv_blocks=total, num_running=len(self.sessions),
+            num_drafts=self.counters.num_drafts, num_draft_tokens=self.counters.num_draft_tokens,
+            num_cache_hits=self.ssd.counters.num_hits if self.ssd else 0,
+            num_cache_misses=self.ssd.counters.num_misses if self.ssd else 0)
+
+
+def _timed_round(session: Session, round_: draft_pb2.Round, queued_at: float) -> RoundResult:
+    """Answer a round in the worker, telling it how long it waited there (behind the previous build)."""
+    return session.answer(round_, wait_s=time.perf_counter() - queued_at)

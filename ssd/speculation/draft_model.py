@@ -1,0 +1,174 @@
+"""A draft model proposer: any checkpoint the engine loads, with its own paged KV, rolled back by length.
+
+Chains: one catch-up forward over the committed tokens the draft has not seen, then K-1 single
+steps. Trees: EAGLE-2-style expansion: at each depth the best `top_k` children of every frontier
+node (by cumulative draft log-probability) are kept under the node budget, and one tree forward
+per depth (tree mask over the draft's own KV) scores the new frontier. Tree KV is scratch: after
+the round only the committed prefix counts.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ssd.context import ForwardMode
+from ssd.engine.model_runner import ForwardItem
+from ssd.engine.model_worker import ModelWorker
+from ssd.errors import InvalidRequestError
+from ssd.speculation.draft_sampling import constrain_rows, pick_tokens
+from ssd.speculation.proposer import ProposeRequest, TreeShape
+from ssd.speculation.speculation import Speculation
+
+
+@dataclass
+class _DraftSeq:
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # leading committed tokens whose draft KV is valid
+    num_hashed_blocks: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    num_kv_committed: int = 0  # the KV was last written over this many committed tokens,
+    kv_drafted: list[int] = field(default_factory=list)  # then over these drafted ones (scratch unless accepted)
+
+    def hold(self, committed: list[int], drafted: list[int]) -> None:
+        """The KV now holds the committed tokens, then the drafted ones."""
+        self.num_kv_committed = len(committed)
+        self.kv_drafted = list(drafted)
+        self.num_cached_tokens = len(committed) + len(drafted)
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """Leading tokens of token_ids whose KV is right: a drafted position counts only if that token was
+        committed there. (The target may commit a token the draft did not draft at an accepted position: a
+        grammar's forced token, spliced into the speculation.)"""
+        n = self.num_kv_committed
+        tail = token_ids[n : n + len(self.kv_drafted)]
+        return n + next((i for i, (a, b) in enumerate(zip(tail, self.kv_drafted, strict=False)) if a != b), len(tail))
+
+
+class DraftModelProposer:
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, path: Path, dtype: str, target_vocab_size: int, block_size: int = 16,
+                 kv_cache_memory_mb: int = 256, linear_backend: str = "onednn",
+                 device: str | torch.device = "cpu") -> None:
+        """The draft model and its KV live on `device`; its logits come back on CPU (ssd/device.py)."""
+        self.worker = ModelWorker(path, dtype, block_size, kv_cache_memory_mb, linear_backend,
+                                  enable_prefix_caching=False, device=device)
+        vocab = self.worker.model_config.vocab_size
+        if vocab != target_vocab_size:
+            raise InvalidRequestError(
+                f"draft {path} has a vocabulary of {vocab} tokens, the target {target_vocab_size}; "
+                "a draft must share the target's tokenizer"
+            )
+        self.seqs: dict[int, _DraftSeq] = {}
+
+    # -- state ------------------------------------------------------------------------------
+    def _catch_up_item(self, r: ProposeRequest, room: int) -> ForwardItem:
+        state = self.seqs.setdefault(r.seq_id, _DraftSeq())
+        state.token_ids = r.token_ids
+        start = min(state.num_cached_tokens, state.valid_prefix(r.token_ids), len(r.token_ids) - 1)
+        self.worker.block_manager.ensure_capacity(state, len(r.token_ids) + room)
+        return ForwardItem(r.token_ids[start:], start, state.block_table)
+
+    def commit(self, seq_id: int, num_committed: int) -> None:
+        state = self.seqs.get(seq_id)
+        if state is not None:  # the last committed token (the bonus) never has draft KV yet
+            state.num_cached_tokens = min(state.num_cached_tokens, num_committed - 1)
+
+    def release(self, seq_id: int) -> None:
+        state = self.seqs.pop(seq_id, None)
+        if state is not None:
+            self.worker.block_manager.free(state)
+
+    # -- proposing --------------------------------------------------------------------------
+    def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        chains = [r for r in requests if r.tree is None]
+        out = dict(zip((r.seq_id for r in chains), self._propose_chains(chains), strict=True)) if chains else {}
+        for r in requests:
+            if r.tree is not None:
+                out[r.seq_id] = self._propose_tree(r, r.tree)
+        return [out[r.seq_id] for r in requests]
+
+    def _propose_chains(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        k = max(r.num_tokens for r in requests)
+        runner = self.worker.runner
+        items = [self._catch_up_item(r, k) for r in requests]
+        logits = runner.forward(items, ForwardMode.VERIFY).logits  # [B, V]
+        tokens: list[list[int]] = [[] for _ in requests]
+        qs: list[list[torch.Tensor | None]] = [[] for _ in requests]
+        temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
+        scales, grammars = [r.saguaro for r in requests], [r.grammar for r in requests]
+        for step in range(k):
+            logits = constrain_rows(logits, grammars, tokens)
+            picked, q_rows = pick_tokens(logits, temps, gens, scales, step)
+            for i, (t, q) in enumerate(zip(picked, q_rows, strict=True)):
+                tokens[i].append(t)
+                qs[i].append(q)
+            if step == k - 1:
+                break
+            step_items = [
+                ForwardItem([t], len(r.token_ids) + step, self.seqs[r.seq_id].block_table)
+                for r, t in zip(requests, picked, strict=True)
+            ]
+            logits = runner.forward(step_items, ForwardMode.DECODE).logits
+        for r, tok in zip(requests, tokens, strict=True):  # KV now holds the committed tokens and s_1..s_{K-1}
+            self.seqs[r.seq_id].hold(r.token_ids, tok[: k - 1])
+        return [
+            Speculation(tok[: r.num_tokens], None, torch.stack(q[: r.num_tokens]) if q[0] is not None else None)
+            for r, tok, q in zip(requests, tokens, qs, strict=True)
+        ]
+
+    def _propose_tree(self, r: ProposeRequest, shape: TreeShape) -> Speculation:
+        runner = self.worker.runner
+        base = len(r.token_ids)  # physical position of node 1
+        depth_limit = min(r.num_tokens, shape.depth)
+        item = self._catch_up_item(r, shape.budget)
+        logprobs = torch.log_softmax(runner.forward([item], ForwardMode.VERIFY).logits.float(), dim=-1)  # [1, V]
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = [0.0]  # cumulative log-probability per node, root first
+        paths: list[list[int]] = [[]]  # per node, root first: its tokens from the root
+        frontier = [0]
+        for depth in range(1, depth_limit + 1):
+            if r.grammar is not None:
+                logprobs = r.grammar.constrain(logprobs, [paths[node] for node in frontier])
+            cand = []
+            for row, node in enumerate(frontier):
+                top = torch.topk(logprobs[row], shape.top_k)
+                cand.extend((scores[node] + float(v), node, int(t))
+                            for v, t in zip(top.values, top.indices, strict=True) if v > float("-inf"))
+            cand.sort(key=lambda c: -c[0])
+            cand = cand[: shape.budget - len(tokens)]
+            if not cand:
+                break
+            first_new = len(tokens) + 1
+            for score, parent, token in cand:
+                tokens.append(token)
+                parents.append(parent)
+                scores.append(score)
+                paths.append([*paths[parent], token])
+            frontier = list(range(first_new, len(tokens) + 1))
+            if depth == depth_limit or len(tokens) >= shape.budget:
+                break
+            logprobs = self._tree_step(r, base, tokens, parents, frontier)
+        self.seqs[r.seq_id].hold(r.token_ids, [])  # tree KV is scratch
+        return Speculation(tokens, parents)
+
+    def _tree_step(self, r: ProposeRequest, base: int, tokens: list[int], parents: list[int],
+                   frontier: list[int]) -> torch.Tensor:
+        """Feed the frontier nodes, stored after the earlier nodes; [len(frontier), V] log-probs.
+
+        Node i sits at physical position base + i - 1 and RoPE position base - 1 + depth(i).
+        """
+        spec = Speculation(tokens, parents)
+        anc = spec.ancestor_mask()  # [n+1, n+1] over root + nodes
+        depths = [0, *spec.depths()]
+        first, last = frontier[0], frontier[-1]
+        mask = torch.ones(len(frontier), base + last, dtype=torch.bool)  # committed prefix (root included)
+        mask[:, base:] = anc[first : last + 1, 1 : last + 1]  # ancestors and self among the nodes
+        item = ForwardItem(
+            [tokens[i - 1] for i in frontier], base + first - 1, self.seqs[r.seq_id].block_table,
+            num_logits=len(frontier), positions=[base - 1 + depths[i] for i in frontier], attn_mask=mask,
+        )
+        logits = self.worker.runner.forward([item], ForwardMode.TREE).logits
+        return torch.log_softmax(logits.float(), dim=-1)

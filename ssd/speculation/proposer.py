@@ -1,0 +1,63 @@
+"""The proposer interface: anything that can guess a sequence's next tokens.
+
+The engine calls, per decode round, `propose` for the batch, verifies, then `commit` for each
+sequence with its new committed length; `release` when a sequence ends. A proposer keeps its
+own per-sequence state (a draft model its own paged KV) and rolls it back by length.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ssd.errors import InvalidRequestError
+from ssd.sampling.grammar import AnswerGrammar
+from ssd.speculation.saguaro import SaguaroScale
+from ssd.speculation.speculation import Speculation
+
+MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Token-tree expansion limits: EAGLE-2 style top-k expansion under a node budget."""
+
+    budget: int = 16  # draft nodes in the tree at most
+    depth: int = 4  # tree depth at most
+    top_k: int = 2  # children tried per expanded node
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.depth < 1 or self.top_k < 1:
+            raise InvalidRequestError(f"tree budget, depth and top-k must be >= 1, got {self}")
+        if self.budget > MAX_TREE_BUDGET:
+            raise InvalidRequestError(f"tree budget must be <= {MAX_TREE_BUDGET}, got {self.budget}")
+
+
+@dataclass(frozen=True)
+class ProposeRequest:
+    seq_id: int
+    token_ids: list[int]  # every committed token (prompt + output); the last one has no KV yet
+    num_tokens: int  # lookahead K: draft tokens wanted (a chain) or the depth limit (a tree)
+    temperature: float  # draft sampling temperature; 0 = greedy draft (no q is returned)
+    generator: torch.Generator  # the sequence's own random stream
+    tree: TreeShape | None = None  # None = a chain
+    # [n, F] target features of committed positions not sent before; on CPU or the target's device
+    features: torch.Tensor | None = None
+    features_start: int = 0  # the position of the first row of `features`
+    saguaro: SaguaroScale | None = None  # SSD: scale the draft's top probabilities before sampling (and in q)
+    ssd: bool = False  # the request's mode is SSD (a remote draft answers it from its speculation cache)
+    grammar: AnswerGrammar | None = None  # structured output: propose only what the grammar allows (speed only)
+
+
+class Proposer(Protocol):
+    """Proposes speculations; needs the target's aux features of `feature_layers` (empty for most)."""
+
+    feature_layers: tuple[int, ...]
+
+    def propose(self, requests: list[ProposeRequest]) -> list[Speculation]: ...
+
+    def commit(self, seq_id: int, num_committed: int) -> None:
+        """The sequence now has `num_committed` tokens; anything past them was speculative."""
+        ...
+
+    def release(self, seq_id: int) -> None: ...

@@ -1,0 +1,290 @@
+"""The draft side of SSD (SSD.md sections 2-5): answer from the speculation cache, then build the next one.
+
+`answer` handles one round for a batch: it derives each sequence's outcome (k accepted, bonus) from the
+committed tokens, returns the cached speculation for that key (a hit) or a backup (a miss: the neural draft
+now for small batches, n-gram lookup above; only the sequences that missed), and remembers what it returned.
+`build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
+top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
+decodes all branches K deep (one batched forward per depth), and stores (seq, j, guess) -> K tokens (+ q).
+
+In one process `propose` = answer + build (no overlap: for tests); the draft service sends the answer
+first and builds afterwards, which is where the speed comes from.
+"""
+
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ssd.sampling.sampler import sample_from
+from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
+from ssd.speculation.config import SsdConfig
+from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
+from ssd.speculation.ngram import NgramProposer
+from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
+from ssd.speculation.speculation import Speculation
+
+RANKED_GUESSES = 16  # guesses ranked per acceptance length, to measure the miss-rate power law
+
+
+def sample_branch_tokens(logits: torch.Tensor, temperature: float, top: int, c: float,
+                         generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    """logits [M, V] -> one token per row and the q [M, V] it was drawn from (Saguaro-scaled by c on the top)."""
+    probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [M, V]
+    return sample_from(probs, generator).tolist(), probs
+
+
+@dataclass
+class _Cached:
+    tokens: list[int]  # K draft tokens after the key's bonus token
+    q: torch.Tensor | None  # [K, V] float32 the (Saguaro-scaled) distributions they were drawn from
+
+
+@dataclass
+class _SsdSeq:
+    committed_len: int = 0  # committed tokens when the last speculation was returned
+    last_tokens: list[int] = field(default_factory=list)  # that speculation (a chain)
+    last_hit: bool = False
+    cache: dict[tuple[int, int], _Cached] = field(default_factory=dict)  # (j, bonus) -> next speculation
+    guesses: list[list[int]] = field(default_factory=list)  # [j] ranked bonus guesses (s_{j+1} excluded)
+    predicted_hit: float | None = None  # the last build's estimate that the coming outcome hits its cache
+
+
+@dataclass
+class SsdCounters:
+    num_hits: int = 0
+    num_misses: int = 0
+    num_neural_backups: int = 0
+    num_fast_backups: int = 0
+    num_builds: int = 0
+    predicted_hits: float = 0.0  # sum of predicted hit probabilities over the rounds that had a prediction
+    num_predicted: int = 0
+    num_predicted_actual_hits: int = 0  # actual hits over those same rounds
+    lookup_s: float = 0.0
+    backup_s: float = 0.0
+    build_s: float = 0.0
+    last_lookup_s: float = 0.0
+    last_backup_s: float = 0.0
+    last_build_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        rounds = self.num_hits + self.num_misses
+        return {"cache_hits": self.num_hits, "cache_misses": self.num_misses,
+                "cache_hit_rate": self.num_hits / rounds if rounds else 0.0,
+                "neural_backups": self.num_neural_backups, "fast_backups": self.num_fast_backups,
+                "mean_build_ms": 1e3 * self.build_s / self.num_builds if self.num_builds else 0.0,
+                "mean_lookup_ms": 1e3 * self.lookup_s / rounds if rounds else 0.0,
+                "predicted_hit_rate": self.predicted_hits / self.num_predicted if self.num_predicted else 0.0,
+                "actual_hit_rate_when_predicted": (self.num_predicted_actual_hits / self.num_predicted
+                                                   if self.num_predicted else 0.0)}
+
+
+@dataclass
+class _Pending:
+    request: ProposeRequest
+    spec: Speculation
+    features_used: bool  # this sequence's backup already consumed the request's features
+
+
+@dataclass
+class BuildJob:
+    """What one `answer` returned, to build the caches for (run it before the next `answer` of these sequences)."""
+
+    pending: list[_Pending]
+    config: SsdConfig
+
+
+class SsdSpeculator:
+    """Wraps a neural proposer (used for backups) and its branch drafter; one instance per draft."""
+
+    def __init__(self, neural: Proposer, drafter: BranchDrafter, config: SsdConfig, ngram_max: int = 3) -> None:
+        self.neural = neural
+        self.drafter = drafter
+        self.config = config
+        self.fast = NgramProposer(max_ngram=ngram_max)
+        self.feature_layers = neural.feature_layers
+        self.seqs: dict[int, _SsdSeq] = {}
+        self.after_hit = FanOutEstimator()  # acceptance of cached speculations
+        self.after_miss = FanOutEstimator(prior_a=0.4)  # acceptance of backups
+        self.counters = SsdCounters()
+
+    # -- the Proposer protocol (one process: answer, then build at once) --------------------------
+    def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        specs, job = self.answer(requests)
+        self.build(job)
+        return specs
+
+    def commit(self, seq_id: int, num_committed: int) -> None:
+        self.neural.commit(seq_id, num_committed)
+
+    def release(self, seq_id: int) -> None:
+        self.seqs.pop(seq_id, None)  # a build still pending for it skips it
+        self.neural.release(seq_id)
+
+    # -- answering --------------------------------------------------------------------------------
+    def _outcome(self, state: _SsdSeq, token_ids: list[int]) -> tuple[int, int] | None:
+        """(j accepted, bonus) of the last speculation, read off the committed tokens; None if unrelated."""
+        new = token_ids[state.committed_len :]
+        j = len(new) - 1
+        if state.committed_len == 0 or j < 0 or j > len(state.last_tokens) or new[:j] != state.last_tokens[:j]:
+            return None
+        return j, new[-1]
+
+    def _record(self, state: _SsdSeq, outcome: tuple[int, int]) -> None:
+        j, bonus = outcome
+        estimator = self.after_hit if state.last_hit else self.after_miss
+        estimator.record_round(len(state.last_tokens), j)
+        if j < len(state.guesses):
+            guesses = state.guesses[j]
+            estimator.record_rank(guesses.index(bonus) if bonus in guesses else None)
+
+    def answer(self, requests: list[ProposeRequest],
+               config: SsdConfig | None = None) -> tuple[list[Speculation], BuildJob]:
+        """One speculation per request (a cache hit, or a backup for the misses) and the build to run next."""
+        config = config or self.config
+        started = time.perf_counter()
+        out: dict[int, Speculation] = {}
+        misses: list[ProposeRequest] = []
+        for r in requests:
+            state = self.seqs.setdefault(r.seq_id, _SsdSeq())
+            outcome = self._outcome(state, r.token_ids)
+            if outcome is not None:
+                self._record(state, outcome)
+            cached = state.cache.get(outcome) if outcome is not None else None
+            predicted = state.predicted_hit if outcome is not None else None
+            if predicted is not None:
+                self.counters.num_predicted += 1
+                self.counters.predicted_hits += predicted
+                self.counters.num_predicted_actual_hits += cached is not None
+            if cached is None:
+                misses.append(r)
+                continue
+            n = r.num_tokens
+            out[r.seq_id] = Speculation(cached.tokens[:n], None, cached.q[:n] if cached.q is not None else None,
+                                        cache_hit=True, predicted_hit=predicted)
+        lookup = time.perf_counter() - started
+        consumed = self._backup(misses, config, len(requests), out)  # seq ids whose features a backup used
+        self.counters.num_hits += len(requests) - len(misses)
+        self.counters.num_misses += len(misses)
+        self.counters.last_lookup_s, self.counters.last_backup_s = lookup, time.perf_counter() - started - lookup
+        self.counters.lookup_s += lookup
+        self.counters.backup_s += self.counters.last_backup_s
+        job = BuildJob([], config)
+        specs = []
+        for r in requests:
+            spec = out[r.seq_id]
+            state = self.seqs[r.seq_id]
+            state.committed_len, state.last_tokens, state.last_hit = len(r.token_ids), list(spec.tokens), bool(spec.cache_hit)
+            state.cache, state.guesses, state.predicted_hit = {}, [], None
+            job.pending.append(_Pending(r, spec, r.seq_id in consumed))
+            specs.append(spec)
+        return specs, job
+
+    def _backup(self, misses: list[ProposeRequest], config: SsdConfig, batch_size: int,
+                out: dict[int, Speculation]) -> set[int]:
+        """Speculations for the sequences that missed; returns the ids whose features the backup consumed
+        (a neural backup catches the head up on them; the sequences that hit keep theirs for the glue)."""
+        if not misses:
+            return set()
+        kind = config.backup_for(batch_size)
+        if config.saguaro_c < 1.0:  # sample the backup Saguaro-style too, for the miss shape it will be built with
+            tops = tuple(f + 1 for f in self.shape(False, max(r.num_tokens for r in misses), config))
+            misses = [replace(r, saguaro=SaguaroScale(config.saguaro_c, tops)) for r in misses]
+        proposer = self.neural if kind == "neural" else self.fast
+        if kind == "neural":
+            self.counters.num_neural_backups += len(misses)
+        else:
+            self.counters.num_fast_backups += len(misses)
+        for r, spec in zip(misses, proposer.propose(misses), strict=True):
+            predicted = self.seqs[r.seq_id].predicted_hit
+            out[r.seq_id] = Speculation(spec.tokens, None, spec.q, cache_hit=False, predicted_hit=predicted)
+        return {r.seq_id for r in misses} if kind == "neural" else set()
+
+    # -- building ---------------------------------------------------------------------------------
+    def shape(self, after_hit: bool, k: int, config: SsdConfig | None = None) -> tuple[int, ...]:
+        """The fan-out F_0..F_k for a speculation of k tokens."""
+        config = config or self.config
+        est = self.after_hit if after_hit else self.after_miss
+        return fan_out_shape(config.fan_out, est.a, est.r, k, config.fan_out_budget)
+
+    @torch.inference_mode()
+    def build(self, job: BuildJob) -> None:
+        """Fill the speculation cache for every speculation an `answer` returned."""
+        config = job.config
+        pending = [p for p in job.pending if p.request.seq_id in self.seqs and p.request.num_tokens > 0]
+        if not pending:
+            return
+        started = time.perf_counter()
+        glue = self.drafter.glue([
+            GlueRequest(p.request.seq_id, p.request.token_ids, p.spec.tokens,
+                        reserve=p.request.num_tokens * max(1, config.fan_out_budget),
+                        features=None if p.features_used else p.request.features,
+                        features_start=p.request.features_start)
+            for p in pending
+        ])
+        branches: list[BranchRequest] = []
+        owners: list[_Pending] = []
+        for p, logits in zip(pending, glue, strict=True):
+            request = self._fork(p, logits, config)
+            if request.tokens:
+                branches.append(request)
+                owners.append(p)
+        if branches:
+            self._decode(branches, owners, config)
+        self.counters.num_builds += 1
+        self.counters.last_build_s = time.perf_counter() - started
+        self.counters.build_s += self.counters.last_build_s
+
+    def _fork(self, p: _Pending, logits: torch.Tensor, config: SsdConfig) -> BranchRequest:
+        """Bonus guesses per acceptance length j from the glue's logits [m+1, V]; records the ranked guesses."""
+        state = self.seqs[p.request.seq_id]
+        spec = p.spec.tokens
+        shape = self.shape(bool(p.spec.cache_hit), len(spec), config)
+        if p.request.grammar is not None:  # structured output: guess only bonus tokens the grammar allows
+            logits = p.request.grammar.constrain(logits, [spec[:j] for j in range(len(logits))])
+        top = logits.topk(min(RANKED_GUESSES + 1, logits.shape[-1]), dim=-1)  # [m+1, 17]
+        estimator = self.after_hit if p.spec.cache_hit else self.after_miss
+        a = estimator.a
+        for j, (row, values) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True)):
+            excluded = spec[j] if j < len(spec) else None
+            ranked = [t for t, v in zip(row, values, strict=True) if t != excluded and v > float("-inf")]
+            state.guesses.append(ranked[:RANKED_GUESSES])
+        # P(the round stops at j) under the measured geometric acceptance
+        stops = [(1 - a) * a**j if j < len(spec) else a**j for j in range(len(state.guesses))]
+        counts = spend_spare(shape, [len(g) for g in state.guesses], stops, estimator.hit_probability)
+        fork_points, tokens, predicted = [], [], 0.0
+        for j, (ranked, count) in enumerate(zip(state.guesses, counts, strict=True)):
+            fork_points.extend([j] * count)
+            tokens.extend(ranked[:count])
+            predicted += stops[j] * estimator.hit_probability(count)  # x the measured P(bonus among the guesses)
+        state.predicted_hit = predicted
+        return BranchRequest(p.request.seq_id, len(p.request.token_ids), len(spec) + 1, fork_points, tokens)
+
+    def _decode(self, branches: list[BranchRequest], owners: list[_Pending], config: SsdConfig) -> None:
+        qs: list[list[torch.Tensor]] = [[] for _ in branches]  # [request][depth] -> [M, V]
+        depth = max(p.request.num_tokens for p in owners)
+        hit_shape = self.shape(True, depth, config)
+        paths = [[[*p.spec.tokens[:j], guess] for j, guess in zip(b.fork_points, b.tokens, strict=True)]
+                 if p.request.grammar is not None else [] for b, p in zip(branches, owners, strict=True)]
+
+        def pick(i: int, d: int, logits: torch.Tensor) -> list[int]:  # logits [M, V]
+            r = owners[i].request
+            if r.grammar is not None:  # each branch's path: the speculation up to its fork, its guess, its tokens
+                logits = r.grammar.constrain(logits, paths[i])
+            if r.temperature <= 0:
+                tokens = logits.argmax(dim=-1).tolist()
+            else:
+                top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
+                tokens, q = sample_branch_tokens(logits, r.temperature, top, config.saguaro_c, r.generator)
+                qs[i].append(q)
+            for path, token in zip(paths[i], tokens, strict=False):  # no paths without a grammar
+                path.append(token)
+            return tokens
+
+        results = self.drafter.decode_branches(branches, depth, pick)
+        for i, (b, tokens) in enumerate(zip(branches, results, strict=True)):
+            state = self.seqs[b.seq_id]
+            q = torch.stack(qs[i], dim=1) if qs[i] else None  # [M, depth, V]
+            for r, (j, guess) in enumerate(zip(b.fork_points, b.tokens, strict=True)):
+                state.cache[(j, guess)] = _Cached(tokens[r].tolist(), q[r] if q is not None else None)

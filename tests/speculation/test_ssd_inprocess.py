@@ -1,0 +1,52 @@
+"""SSD in one process (answer, then build at once): greedy output == AR token for token, for a draft model
+and an EAGLE-3 head, batch 1 and 4, every fan-out and backup kind; the cache really hits."""
+
+import pytest
+
+from ssd.llm import LLM
+from ssd.speculation.config import SpeculationConfig, SsdConfig
+from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
+from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target, other, head = tiny_target_draft_and_head(tmp_path_factory)
+    ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    expected = [ar.generate([p], PARAMS)[0].token_ids for p in PROMPTS]
+    return {"self": target, "other": other, "eagle3": head}, expected
+
+
+def _llm(models, which: str, ssd: SsdConfig, k: int = 3) -> LLM:
+    drafts, _ = models
+    spec = SpeculationConfig(draft=str(drafts[which]), num_speculative_tokens=k, ssd=ssd)
+    return LLM(str(drafts["self"]), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
+
+
+@pytest.mark.parametrize("which", ["self", "other", "eagle3"])
+@pytest.mark.parametrize("ssd", [SsdConfig(), SsdConfig(fan_out="uniform", backup="fast", fan_out_budget=5),
+                                 SsdConfig(backup="neural", fan_out_budget=1)], ids=["geometric", "uniform-fast", "f1"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_ssd_greedy_equals_ar(models, which, ssd, batch):
+    llm = _llm(models, which, ssd)
+    outs = [llm.generate([p], PARAMS)[0] for p in PROMPTS] if batch == 1 else llm.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == models[1]
+    counters = llm.engine.spec.counters
+    assert counters.num_cache_misses >= len(PROMPTS)  # every sequence's first round misses
+    if which == "self":  # a perfect draft: all accepted, and the bonus (its own argmax) is always cached
+        assert counters.num_accepted_tokens == counters.num_draft_tokens
+        assert counters.num_cache_hits == counters.num_drafts - counters.num_cache_misses > 0
+        if ssd.fan_out_budget >= 4:  # enough guesses to cover j = K after a miss too
+            assert counters.num_cache_misses == len(PROMPTS)
+    assert all(o.spec is not None and "cache_hit_rate" in o.spec for o in outs)
+
+
+def test_ssd_counters_and_draft_timings(models):
+    llm = _llm(models, "self", SsdConfig())
+    llm.generate(PROMPTS, PARAMS)
+    draft = llm.engine.spec.proposer.counters.as_dict()
+    assert draft["cache_hits"] > 0 and draft["mean_build_ms"] > 0
+    assert 0 < draft["predicted_hit_rate"] <= 1
+    target = llm.engine.spec.counters.ssd_dict()
+    assert target["tokens_per_round_hit"] == 4.0  # K=3 all accepted + bonus
+    assert target["cache_hit_rate"] == draft["cache_hit_rate"]
