@@ -19,11 +19,10 @@ from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
+from ssd.config import SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig, SsdConfig
-from ssd.speculation.proposer import TreeShape
 
 Runner = Callable[[list[list[int]]], GroupTiming]
 

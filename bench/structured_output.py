@@ -19,13 +19,12 @@ from contextlib import nullcontext
 
 import torch
 
+from ssd.config import SpeculationConfig, SsdConfig, TreeShape
 from ssd.engine import spec_decode
 from ssd.llm import LLM
 from ssd.sampling import grammar as grammar_module
 from ssd.sampling.grammar import Grammar
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig, SsdConfig
-from ssd.speculation.proposer import TreeShape
 
 SUBJECTS = ["Paris", "a golden retriever", "the planet Mars", "a bicycle", "Ada Lovelace", "the Nile river",
             "a cup of coffee", "the Python language"]

@@ -18,7 +18,7 @@ import time
 import torch
 
 from protos.ssd.v1 import common_pb2
-from rpc import torch_tensors
+from tensor_transport import torch_tensors
 
 WIDTHS = {"smollm2-135m": 3 * 576, "llama-3.1-8b": 3 * 4096, "llama-3.1-70b": 3 * 8192}  # 3 feature layers x d
 ROWS = (5, 64, 320)  # one sequence's round (K+1), 16 x 4, 64 x 5

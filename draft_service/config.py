@@ -6,10 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ssd.cli_flags import add_dtype_flag
-from ssd.config import DEVICE_PATTERN
+from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, SsdConfig
 from ssd.errors import InvalidRequestError
-from ssd.speculation.config import BACKUP_KINDS, SsdConfig
-from ssd.speculation.fanout import FAN_OUT_KINDS
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ import torch
 
 from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
-from rpc import torch_tensors
 from rpc.tensors import SessionTensors
+from ssd.config import TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
-from ssd.speculation.proposer import Proposer, ProposeRequest, TreeShape
+from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.speculation import Speculation
 from ssd.speculation.ssd_speculator import BuildJob, SsdSpeculator
+from tensor_transport import torch_tensors
 
 log = structlog.get_logger(__name__)
 

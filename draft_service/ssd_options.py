@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from protos.ssd.v1 import draft_pb2
-from ssd.speculation.config import SsdConfig
+from ssd.config import SsdConfig
 from ssd.speculation.ssd_speculator import SsdCounters
 
 

@@ -2,10 +2,8 @@
 
 import argparse
 
+from ssd.config import BACKUP_KINDS, FAN_OUT_KINDS, SpeculationConfig, SsdConfig, TreeShape
 from ssd.model_store import DEFAULT_DRAFT
-from ssd.speculation.config import BACKUP_KINDS, SpeculationConfig, SsdConfig
-from ssd.speculation.fanout import FAN_OUT_KINDS
-from ssd.speculation.proposer import TreeShape
 
 
 def add_dtype_flag(p: argparse.ArgumentParser, default: str = "auto", whose: str = "the model's",

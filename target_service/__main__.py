@@ -12,13 +12,11 @@ from protos.ssd.v1 import target_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.server import GrpcServer, ServiceSpec
-from ssd.config import EngineConfig
+from ssd.config import EngineConfig, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
-from ssd.speculation.config import SpeculationConfig
-from ssd.speculation.proposer import TreeShape
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers

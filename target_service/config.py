@@ -5,10 +5,9 @@ import os
 from dataclasses import dataclass
 
 from ssd.cli_flags import add_dtype_flag
-from ssd.config import DEVICE_PATTERN
+from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
-from ssd.speculation.proposer import MAX_TREE_BUDGET
 
 MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
 

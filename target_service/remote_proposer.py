@@ -24,13 +24,13 @@ import structlog
 import torch
 
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from rpc import torch_tensors
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
-from ssd.speculation.config import SsdConfig
+from ssd.config import SsdConfig
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation
 from target_service.draft_session import DraftSession, SentSequence
 from target_service.ssd_wire import DraftTimings, ssd_options
+from tensor_transport import torch_tensors
 
 log = structlog.get_logger(__name__)
 

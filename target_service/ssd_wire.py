@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from protos.ssd.v1 import draft_pb2
-from ssd.speculation.config import SsdConfig
+from ssd.config import SsdConfig
 
 
 def ssd_options(config: SsdConfig) -> draft_pb2.SsdOptions:

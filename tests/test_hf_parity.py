@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem
 from ssd.llm import LLM
+from ssd.runtime.model_runner import ForwardItem
 from tests.tiny_models import LLAMA3_SCALING, write_tiny_checkpoint
 
 CASES = {

@@ -15,15 +15,15 @@ from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.device import resolve_device
 from ssd.dtypes import dtype_name
-from ssd.engine.model_runner import ForwardItem
-from ssd.engine.model_worker import ModelWorker
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.spec_decode import SpeculativeDecoder
-from ssd.engine.tensor_parallel import TensorParallelWorkers, start_tensor_parallel
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
+from ssd.runtime.model_runner import ForwardItem
+from ssd.runtime.model_worker import ModelWorker
+from ssd.runtime.tensor_parallel import TensorParallelWorkers, start_tensor_parallel
 from ssd.sampling.grammar import GrammarCompiler, GrammarState
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, prompt_token_logprobs, token_logprobs

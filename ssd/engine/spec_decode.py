@@ -10,15 +10,15 @@ import time
 
 import torch
 
+from ssd.config import SpeculationConfig
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem, ModelRunner
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
+from ssd.runtime.model_runner import ForwardItem, ModelRunner
 from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
-from ssd.speculation.config import SpeculationConfig
 from ssd.speculation.metrics import SpecCounters
 from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.speculation import Outcome, Speculation

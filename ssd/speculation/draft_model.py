@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
+from ssd.config import TreeShape
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem
-from ssd.engine.model_worker import ModelWorker
 from ssd.errors import InvalidRequestError
+from ssd.runtime.model_runner import ForwardItem
+from ssd.runtime.model_worker import ModelWorker
 from ssd.speculation.draft_sampling import constrain_rows, pick_tokens
-from ssd.speculation.proposer import ProposeRequest, TreeShape
+from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssd.speculation.proposer import TreeShape
+from ssd.config import TreeShape
 from ssd.speculation.speculation import Speculation
 
 

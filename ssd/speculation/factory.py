@@ -3,11 +3,11 @@
 import json
 from pathlib import Path
 
-from ssd.engine.model_worker import ModelWorker
+from ssd.config import SpeculationConfig, SsdConfig
 from ssd.errors import InvalidRequestError
 from ssd.model_store import resolve_model
+from ssd.runtime.model_worker import ModelWorker
 from ssd.speculation.branch_drafter import BranchDrafter
-from ssd.speculation.config import SpeculationConfig, SsdConfig
 from ssd.speculation.draft_model import DraftModelProposer
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.paged_branches import PagedBranchDrafter

@@ -11,9 +11,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ssd.config import FAN_OUT_KINDS
 from ssd.errors import InvalidRequestError
 
-FAN_OUT_KINDS = ("geometric", "uniform")
 MAX_RANK = 64  # bonus-token ranks at or beyond this count as "never in a fan-out"
 
 

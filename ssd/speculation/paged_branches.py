@@ -8,7 +8,7 @@ forked at acceptance length j sits at P + j + 1 + d. Branch KV is scratch, overw
 import torch
 
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem
+from ssd.runtime.model_runner import ForwardItem
 from ssd.speculation.branch_drafter import BranchRequest, GlueRequest, PickFn
 from ssd.speculation.draft_model import DraftModelProposer, _DraftSeq
 from ssd.speculation.tree_mask import branch_mask

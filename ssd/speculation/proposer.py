@@ -10,27 +10,10 @@ from typing import Protocol
 
 import torch
 
-from ssd.errors import InvalidRequestError
+from ssd.config import TreeShape
 from ssd.sampling.grammar import AnswerGrammar
 from ssd.speculation.saguaro import SaguaroScale
 from ssd.speculation.speculation import Speculation
-
-MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """Token-tree expansion limits: EAGLE-2 style top-k expansion under a node budget."""
-
-    budget: int = 16  # draft nodes in the tree at most
-    depth: int = 4  # tree depth at most
-    top_k: int = 2  # children tried per expanded node
-
-    def __post_init__(self) -> None:
-        if self.budget < 1 or self.depth < 1 or self.top_k < 1:
-            raise InvalidRequestError(f"tree budget, depth and top-k must be >= 1, got {self}")
-        if self.budget > MAX_TREE_BUDGET:
-            raise InvalidRequestError(f"tree budget must be <= {MAX_TREE_BUDGET}, got {self.budget}")
 
 
 @dataclass(frozen=True)

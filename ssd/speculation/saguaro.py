@@ -10,13 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ssd.errors import InvalidRequestError
-
-
-def check_saguaro_c(c: float) -> None:
-    if not 0.0 < c <= 1.0:
-        raise InvalidRequestError(f"the Saguaro constant C must be in (0, 1], got {c}")
-
 
 @dataclass(frozen=True)
 class SaguaroScale:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ssd.config import SsdConfig
 from ssd.sampling.sampler import sample_from
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
-from ssd.speculation.config import SsdConfig
 from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import Proposer, ProposeRequest

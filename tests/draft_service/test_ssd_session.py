@@ -201,7 +201,7 @@ def test_the_answer_is_on_the_wire_before_the_build_runs(server, draft, greedy, 
 
 def test_ssd_flags_build_the_default_config(monkeypatch):
     from draft_service.config import parse_args
-    from ssd.speculation.config import SsdConfig
+    from ssd.config import SsdConfig
 
     monkeypatch.setenv("SSD_DRAFT_BACKUP", "fast")
     config = parse_args(["--fan-out-budget", "3", "--fan-out", "uniform", "--saguaro-c", "0.5",

@@ -3,8 +3,8 @@ what it stores per position equals a teacher-forced forward over the finished pr
 
 import torch
 
-from ssd.draft_training.capture_generation import generate_captured
-from ssd.draft_training.target_features import TargetFeatureExtractor
+from draft_training.capture_generation import generate_captured
+from draft_training.target_features import TargetFeatureExtractor
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ssd.draft_training.cli import add_draft_training_commands
-from ssd.draft_training.trainer import TrainConfig, _trained_options, train_head, training_phases
+from draft_training.cli import add_draft_training_commands
+from draft_training.trainer import TrainConfig, _trained_options, train_head, training_phases
 from ssd.errors import InvalidRequestError
 from ssd.loader.safetensors_loader import iter_tensors
 

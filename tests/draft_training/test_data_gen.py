@@ -6,8 +6,8 @@ import argparse
 import pytest
 from safetensors.torch import load_file
 
-from ssd.draft_training.cli import add_draft_training_commands
-from ssd.draft_training.data_gen import DataConfig, generate_data
+from draft_training.cli import add_draft_training_commands
+from draft_training.data_gen import DataConfig, generate_data
 from ssd.errors import InvalidRequestError
 
 

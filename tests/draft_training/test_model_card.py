@@ -1,6 +1,6 @@
 """The model card renders from a training summary and an evaluation report."""
 
-from ssd.draft_training.model_card import render_model_card
+from draft_training.model_card import render_model_card
 
 
 def test_model_card_has_command_and_tables():

@@ -4,9 +4,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ssd.draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
-from ssd.draft_training.target_features import TargetFeatureExtractor
-from ssd.draft_training.tree_sim import simulate_tree
+from draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
+from draft_training.target_features import TargetFeatureExtractor
+from draft_training.tree_sim import simulate_tree
 from tests.models.test_eagle3 import tiny_head
 
 

@@ -7,9 +7,9 @@ import string
 
 import pytest
 
-from ssd.draft_training import prompts
-from ssd.draft_training.prompts import build_training_prompts, fill_slots, task_prompts
-from ssd.draft_training.task_words import TASKS
+from draft_training import prompts
+from draft_training.prompts import build_training_prompts, fill_slots, task_prompts
+from draft_training.task_words import TASKS
 
 
 def _pattern(skeleton: str) -> re.Pattern[str]:

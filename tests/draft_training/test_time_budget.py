@@ -2,7 +2,7 @@
 
 import pytest
 
-from ssd.draft_training.cli import TRAIN_OVERHEAD_MINUTES, _train_minutes
+from draft_training.cli import TRAIN_OVERHEAD_MINUTES, _train_minutes
 from ssd.errors import InvalidRequestError
 
 

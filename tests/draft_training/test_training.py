@@ -2,10 +2,10 @@
 
 import torch
 
-from ssd.draft_training.dataset import DistilledSequence, batch_plan, make_batch
-from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
-from ssd.draft_training.trainer import TrainConfig, batch_loss, init_head
-from ssd.draft_training.unroll import unrolled_logits
+from draft_training.dataset import DistilledSequence, batch_plan, make_batch
+from draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
+from draft_training.trainer import TrainConfig, batch_loss, init_head
+from draft_training.unroll import unrolled_logits
 from ssd.models.eagle3 import Eagle3Config, default_aux_layers
 from tests.models.test_eagle3 import tiny_head
 

@@ -3,11 +3,11 @@ step between two chunks, and nothing changes in what anyone generates (float32 g
 
 import pytest
 
+from ssd.config import SpeculationConfig, SsdConfig
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig, SsdConfig
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 

@@ -5,13 +5,12 @@ the GPU. Skipped without a GPU, except the check that asking for cuda there is a
 import pytest
 import torch
 
+from ssd.config import SpeculationConfig, SsdConfig, TreeShape
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
+from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig, SsdConfig
-from ssd.speculation.proposer import TreeShape
 from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 
 HAS_CUDA = torch.cuda.is_available()

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
+from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.model

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem
 from ssd.errors import CheckpointError, InvalidRequestError, ResourceExhaustedError, UnsupportedModelError
 from ssd.llm import LLM
+from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]

@@ -8,14 +8,13 @@ import sys
 import pytest
 import torch
 
+from ssd.config import SpeculationConfig, SsdConfig, TreeShape
 from ssd.context import ForwardMode
 from ssd.distributed import WHOLE, TensorParallel, current_tp, divide, tensor_parallel
-from ssd.engine.model_runner import ForwardItem
 from ssd.errors import EngineDeadError, InvalidRequestError
 from ssd.llm import LLM
+from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig, SsdConfig
-from ssd.speculation.proposer import TreeShape
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -130,6 +129,6 @@ def test_a_dead_rank_is_a_clear_engine_error(folders):
 
 def test_the_worker_module_refuses_to_run_by_hand():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSD_TP_")}
-    out = subprocess.run([sys.executable, "-m", "ssd.engine.tensor_parallel_worker"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "ssd.runtime.tensor_parallel_worker"], capture_output=True,
                          text=True, timeout=120, env=env, check=False)
     assert out.returncode == 2 and "started by a tensor-parallel engine" in out.stderr

@@ -105,9 +105,9 @@ def test_eagle_draft_without_target_model_fails_clearly(folders, tmp_path):
 
 def test_per_request_speculation_stats_equal_in_process_eagle(folders, services):
     """Same features, same head: the remote drafts are the in-process drafts, so accepted counts match."""
+    from ssd.config import SpeculationConfig
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
-    from ssd.speculation.config import SpeculationConfig
 
     target, head = folders
     spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)

@@ -13,8 +13,8 @@ import sys
 import torch
 
 from protos.ssd.v1 import common_pb2
-from rpc import torch_tensors
 from rpc.tensors import to_tensor
+from tensor_transport import torch_tensors
 
 
 def _tensor(hex_text: str) -> common_pb2.Tensor:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from protos.ssd.v1 import common_pb2
-from rpc import torch_tensors
 from rpc.tensors import CUDA_IPC, SessionTensors
+from tensor_transport import torch_tensors
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -48,7 +48,7 @@ def session():
 
 
 def test_the_offer_leads_with_cuda_ipc_and_a_probe_on_this_gpu():
-    from rpc.cuda_ipc import device_uuid
+    from tensor_transport.cuda_ipc import device_uuid
 
     side = torch_tensors.session_tensors(CUDA)
     offer = side.offer()

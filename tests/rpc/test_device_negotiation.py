@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from protos.ssd.v1 import common_pb2
-from rpc import shared_memory, torch_tensors
+from rpc import shared_memory
 from rpc.tensors import CUDA_IPC, INLINE, SHARED_MEMORY, SessionTensors
+from tensor_transport import torch_tensors
 
 pytestmark = pytest.mark.skipif(not shared_memory.is_available(), reason="no /dev/shm")
 

@@ -3,14 +3,13 @@
 import pytest
 import torch
 
+from ssd.config import SpeculationConfig, TreeShape
 from ssd.errors import CheckpointError
 from ssd.llm import LLM
 from ssd.loader.eagle3_checkpoint import load_eagle3_head, save_eagle3_head
 from ssd.model_config import load_model_config
 from ssd.models.eagle3 import Eagle3Config, Eagle3Head
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig
-from ssd.speculation.proposer import TreeShape
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9], [20, 21, 22], [30, 31, 32, 33, 34, 35]]

@@ -4,10 +4,11 @@ that runs the head on each node's own path alone, in float32, for several tree s
 import pytest
 import torch
 
+from ssd.config import TreeShape
 from ssd.model_config import load_model_config
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.eagle3_tree import TokenTree
-from ssd.speculation.proposer import ProposeRequest, TreeShape
+from ssd.speculation.proposer import ProposeRequest
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 

@@ -6,12 +6,12 @@ target's distribution restricted to the grammar (chi-square; a verifier that mas
 import pytest
 import torch
 
+from ssd import config as spec_config
+from ssd.config import TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.grammar import Grammar, GrammarCompiler
 from ssd.sampling.params import SamplingParams
-from ssd.speculation import config as spec_config
-from ssd.speculation.proposer import TreeShape
 from tests.letter_models import EOS, LETTERS
 from tests.speculation.exact_distribution import chi_square_pvalue
 

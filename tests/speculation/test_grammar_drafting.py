@@ -8,11 +8,11 @@ Uses the letter tokenizer and tiny Llamas of tests/letter_models.py.
 import pytest
 import torch
 
+from ssd import config as spec_config
+from ssd.config import TreeShape
 from ssd.engine import spec_decode
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler
 from ssd.sampling.params import SamplingParams
-from ssd.speculation import config as spec_config
-from ssd.speculation.proposer import TreeShape
 from tests.letter_models import EOS
 from tests.speculation.exact_distribution import chi_square_pvalue
 from tests.speculation.test_eagle3_sd import write_tiny_head

@@ -5,13 +5,12 @@ with them (greedy SD / tree / SSD output equals plain greedy output with the sam
 import pytest
 import torch
 
+from ssd.config import SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.logit_adjust import adjust_logits
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import target_probs
-from ssd.speculation.config import SpeculationConfig, SsdConfig
-from ssd.speculation.proposer import TreeShape
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9, 10, 11], [20, 21, 22, 20, 21]]
 PENALIZED = SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.5,

@@ -4,12 +4,11 @@ tokens come from plain decoding or from speculative rounds, and exactly one per 
 import pytest
 import torch
 
-from ssd.draft_training.target_features import TargetFeatureExtractor
+from draft_training.target_features import TargetFeatureExtractor
+from ssd.config import SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig, SsdConfig
-from ssd.speculation.proposer import TreeShape
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9, 10, 11], [20, 21, 22, 20, 21]]
 

@@ -6,11 +6,10 @@
 import pytest
 import torch
 
+from ssd.config import SpeculationConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation import verification
-from ssd.speculation.config import SpeculationConfig
-from ssd.speculation.proposer import TreeShape
 from tests.speculation.exact_distribution import chi_square_pvalue, joint_distribution
 from tests.tiny_models import write_tiny_checkpoint
 

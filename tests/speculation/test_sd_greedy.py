@@ -2,10 +2,9 @@
 
 import pytest
 
+from ssd.config import SpeculationConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.config import SpeculationConfig
-from ssd.speculation.proposer import TreeShape
 from tests.tiny_models import write_tiny_checkpoint
 
 PROMPTS = [

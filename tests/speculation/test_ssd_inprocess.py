@@ -3,8 +3,8 @@ and an EAGLE-3 head, batch 1 and 4, every fan-out and backup kind; the cache rea
 
 import pytest
 
+from ssd.config import SpeculationConfig, SsdConfig
 from ssd.llm import LLM
-from ssd.speculation.config import SpeculationConfig, SsdConfig
 from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
 

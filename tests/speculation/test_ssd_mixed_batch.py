@@ -5,8 +5,8 @@ accepted ~1.15 tokens per round where SD accepted ~1.6-1.9.)"""
 
 import torch
 
+from ssd.config import SsdConfig
 from ssd.model_config import load_model_config
-from ssd.speculation.config import SsdConfig
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.proposer import ProposeRequest

@@ -5,10 +5,10 @@ with and without Saguaro scaling, the first 3 tokens follow the target's distrib
 import pytest
 import torch
 
+from ssd.config import SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation import ssd_speculator
-from ssd.speculation.config import SpeculationConfig, SsdConfig
 from tests.speculation.exact_distribution import chi_square_pvalue, joint_distribution
 from tests.tiny_models import write_tiny_checkpoint
 

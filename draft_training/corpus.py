@@ -16,8 +16,8 @@ from pathlib import Path
 import structlog
 from tqdm.auto import tqdm
 
-from ssd.draft_training.data_gen import save_shard
-from ssd.draft_training.target_features import TargetFeatureExtractor
+from draft_training.data_gen import save_shard
+from draft_training.target_features import TargetFeatureExtractor
 from ssd.dtypes import parse_dtype
 from ssd.errors import InvalidRequestError
 from ssd.tokenizer import load_tokenizer

@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 
 from ssd.context import ForwardMode
-from ssd.engine.model_runner import ForwardItem, ModelRunner
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_model
 from ssd.model_config import ModelConfig
+from ssd.runtime.model_runner import ForwardItem, ModelRunner
 
 BLOCK_SIZE = 16
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssd.draft_training.chain_sim import ChainStats, TraceLike, catch_up
+from draft_training.chain_sim import ChainStats, TraceLike, catch_up
 from ssd.models.eagle3 import Eagle3Head, HeadKVCache
 
 

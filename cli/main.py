@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.cli import add_bench_arguments  # noqa: PLC0415 - bench is only needed for this command
 
     add_bench_arguments(b)
-    from ssd.draft_training.cli import add_draft_training_commands  # noqa: PLC0415 - lazy: heavy deps
+    from draft_training.cli import add_draft_training_commands  # noqa: PLC0415 - lazy: heavy deps
 
     add_draft_training_commands(sub)
     from deploy.cli import add_serve_command  # noqa: PLC0415 - lazy: the services' deps

@@ -6,9 +6,9 @@ own shard, so all ranks enter each forward's collectives together. Each rank hol
 heads (and their KV cache), of the MLP width and of the vocabulary; the residual stream is whole on every
 rank (all-reduced after each attention and MLP), so rank 0's logits and target features are complete.
 
-Workers run `python -m ssd.engine.tensor_parallel_worker` (a fresh interpreter: forking would copy the
+Workers run `python -m ssd.runtime.tensor_parallel_worker` (a fresh interpreter: forking would copy the
 engine's threads, and multiprocessing's spawn would re-run the caller's main module). Collectives go through
-a shared memory mapping (ssd/shared_memory_collectives.py) where the tensor fits a slot, else over a gloo
+a shared memory mapping (ssd/runtime/shared_memory_collectives.py) where the tensor fits a slot, else over a gloo
 process group made from a TCP store on 127.0.0.1. A worker exits when rank 0's connection closes, so an
 engine that dies leaves no worker behind. Each rank pins itself to its share of the process's cores.
 """
@@ -35,12 +35,12 @@ import torch.distributed as dist
 from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.distributed import TensorParallel
-from ssd.engine.model_runner import ForwardItem, ForwardOutput, ModelRunner
-from ssd.engine.model_worker import ModelWorker
 from ssd.errors import EngineDeadError, InvalidRequestError
 from ssd.model_config import ModelConfig
-from ssd.shared_memory_collectives import SharedMemoryCollectives
-from ssd.shared_memory_collectives import supported as shared_memory_collectives_supported
+from ssd.runtime.model_runner import ForwardItem, ForwardOutput, ModelRunner
+from ssd.runtime.model_worker import ModelWorker
+from ssd.runtime.shared_memory_collectives import SharedMemoryCollectives
+from ssd.runtime.shared_memory_collectives import supported as shared_memory_collectives_supported
 
 log = structlog.get_logger(__name__)
 
@@ -209,7 +209,7 @@ def _launch(num_workers: int, caller_cores: set[int]) -> TensorParallelWorkers:
     authkey = secrets.token_bytes(32)
     with Listener(family="AF_UNIX", authkey=authkey) as listener:
         env = {**os.environ, ADDRESS_ENV: listener.address, AUTHKEY_ENV: authkey.hex()}
-        procs = [subprocess.Popen([sys.executable, "-m", "ssd.engine.tensor_parallel_worker"], env=env)
+        procs = [subprocess.Popen([sys.executable, "-m", "ssd.runtime.tensor_parallel_worker"], env=env)
                  for _ in range(num_workers)]
         return TensorParallelWorkers(_accept(listener, procs), procs, caller_cores)
 

@@ -1,6 +1,6 @@
 """Time the draft-training data stage: answer shards generated (and captured) for the default training prompts.
 
-    python -m bench.draft_data --out /tmp/draft-data --shards 2
+    python -m draft_training.bench_data --out /tmp/draft-data --shards 2
 
 Writes the first `--shards` answer shards into an empty `--out` folder (a folder that already holds them is
 reused, and then nothing is timed), and prints seconds per shard from the stage's own log plus the total with
@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 import torch
 
-from ssd.draft_training.data_gen import DataConfig, generate_data
+from draft_training.data_gen import DataConfig, generate_data
 from ssd.log_setup import configure_logging
 from ssd.model_store import resolve_model
 

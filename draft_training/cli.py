@@ -23,8 +23,8 @@ def _resolve(name: str) -> str:
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from ssd.draft_training.corpus import CorpusConfig, generate_corpus_data
-    from ssd.draft_training.data_gen import DataConfig, generate_data
+    from draft_training.corpus import CorpusConfig, generate_corpus_data
+    from draft_training.data_gen import DataConfig, generate_data
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
     started = time.perf_counter()
@@ -50,7 +50,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     log.info("draft data ready", shards=len(shards), seconds=round(data_s))
     if args.data_only:
         return 0
-    from ssd.draft_training.trainer import TrainConfig, train_head
+    from draft_training.trainer import TrainConfig, train_head
 
     max_train_minutes = _train_minutes(args.max_train_minutes, args.max_total_minutes, data_s)
     train = TrainConfig(
@@ -96,7 +96,7 @@ def _train_minutes(max_train: float | None, max_total: float | None, data_second
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from bench.datasets import load_prompts  # noqa: PLC0415 - the held-out sets live with the benchmarks
-    from ssd.draft_training.evaluate import EvalConfig, HeldOutPrompt, evaluate_head, format_report
+    from draft_training.evaluate import EvalConfig, HeldOutPrompt, evaluate_head, format_report
 
     prompts = [HeldOutPrompt(p.dataset, p.text, p.is_chat) for p in load_prompts("all", args.num_prompts)]
     config = EvalConfig(target=_resolve(args.target), draft=args.draft, num_prompts=args.num_prompts,
@@ -109,7 +109,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     summary_path = Path(args.draft) / "train_summary.json"
     if args.write_card and summary_path.is_file():
-        from ssd.draft_training.model_card import render_model_card
+        from draft_training.model_card import render_model_card
 
         summary = json.loads(summary_path.read_text())
         card = render_model_card(Path(args.draft).name, args.target, summary["command"], summary, report)

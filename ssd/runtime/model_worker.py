@@ -16,12 +16,12 @@ import torch
 from ssd.device import resolve_device
 from ssd.distributed import WHOLE, TensorParallel, tensor_parallel
 from ssd.dtypes import parse_dtype
-from ssd.engine.model_runner import ModelRunner
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_model
 from ssd.loader.safetensors_loader import read_tensor
+from ssd.runtime.model_runner import ModelRunner
 
 if TYPE_CHECKING:
     from ssd.config import EngineConfig

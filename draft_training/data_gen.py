@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ssd.draft_training.capture_generation import generate_captured
-from ssd.draft_training.prompts import TrainingPrompt, build_training_prompts
-from ssd.draft_training.target_features import CapturedSequence, TargetFeatureExtractor
+from draft_training.capture_generation import generate_captured
+from draft_training.prompts import TrainingPrompt, build_training_prompts
+from draft_training.target_features import CapturedSequence, TargetFeatureExtractor
 from ssd.dtypes import parse_dtype
 from ssd.errors import InvalidRequestError
 from ssd.model_config import load_model_config

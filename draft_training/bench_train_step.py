@@ -1,6 +1,6 @@
 """Time draft-head training steps on stored self-distillation shards (no data generation).
 
-    python -m bench.train_step --work-dir WORK --answer-shards 2 --corpus-shards 1 [--profile]
+    python -m draft_training.bench_train_step --work-dir WORK --answer-shards 2 --corpus-shards 1 [--profile]
 
 WORK is a `ssd train-draft --work-dir` folder (its data/ and corpus/ shards). Builds the draft vocabulary and the
 batches as training does (seed 0), runs 5 warm-up steps, then prints seconds per step over the next `--steps`
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ssd.draft_training.dataset import Batch, batch_plan, load_sequences, make_batch
-from ssd.draft_training.trainer import TrainConfig, init_head, make_optimizer, optimizer_step, training_vocab
+from draft_training.dataset import Batch, batch_plan, load_sequences, make_batch
+from draft_training.trainer import TrainConfig, init_head, make_optimizer, optimizer_step, training_vocab
 from ssd.model_store import resolve_model
 
 

@@ -1,6 +1,6 @@
 """A tensor-parallel worker process (rank >= 1): builds its shard, then runs rank 0's model calls as they come.
 
-Started by `ssd.engine.tensor_parallel.start_tensor_parallel`, never by hand. It reads rank 0's socket address
+Started by `ssd.runtime.tensor_parallel.start_tensor_parallel`, never by hand. It reads rank 0's socket address
 and key from the environment, receives its rank and what to load, joins the ranks' gloo group, and replays
 every `forward` / `move_kv` rank 0 sends; the results stay here (rank 0's own shard gives the whole logits).
 It exits on "stop" or when rank 0's connection closes.
@@ -14,9 +14,9 @@ from multiprocessing.connection import Client
 import structlog
 import torch
 
-from ssd.engine.model_worker import ModelWorker
-from ssd.engine.tensor_parallel import ADDRESS_ENV, AUTHKEY_ENV, RankSpec, make_group, pin
 from ssd.log_setup import configure_logging
+from ssd.runtime.model_worker import ModelWorker
+from ssd.runtime.tensor_parallel import ADDRESS_ENV, AUTHKEY_ENV, RankSpec, make_group, pin
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +41,7 @@ def serve(conn, worker: ModelWorker) -> None:  # type: ignore[no-untyped-def]
 def main() -> int:
     configure_logging()
     if ADDRESS_ENV not in os.environ or AUTHKEY_ENV not in os.environ:
-        sys.stderr.write("ssd.engine.tensor_parallel_worker is started by a tensor-parallel engine, not by hand "
+        sys.stderr.write("ssd.runtime.tensor_parallel_worker is started by a tensor-parallel engine, not by hand "
                          "(use --tensor-parallel-size)\n")
         return 2
     conn = Client(os.environ[ADDRESS_ENV], family="AF_UNIX", authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))

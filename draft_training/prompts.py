@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssd.draft_training.prompt_topics import CODE_TASKS, TEMPLATES, TOPICS
-from ssd.draft_training.task_words import (
+from draft_training.prompt_topics import CODE_TASKS, TEMPLATES, TOPICS
+from draft_training.task_words import (
     ASSIGNMENTS,
     CLEAN_SENTENCES,
     ERRORS,

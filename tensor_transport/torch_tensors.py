@@ -1,7 +1,7 @@
 """torch tensors over a session: GPU tensors by CUDA IPC when the session agreed to it, anything else as a
 host array (inline or shared memory, rpc/tensors.py). The model services' one entry point for tensors.
 
-Imports torch, like rpc/cuda_ipc.py; the gateway never imports either (import contracts).
+Imports torch, like tensor_transport/cuda_ipc.py; the gateway never imports either (import contracts).
 """
 
 import numpy as np
@@ -17,7 +17,7 @@ def session_tensors(device: torch.device | None, enable_cuda_ipc: bool = True) -
     """A session's tensors for a service whose model lives on `device`: with a CUDA IPC channel on a GPU."""
     if device is None or device.type != "cuda" or not enable_cuda_ipc:
         return SessionTensors()
-    from rpc.cuda_ipc import CudaIpcChannel  # only where a GPU is in use
+    from tensor_transport.cuda_ipc import CudaIpcChannel  # only where a GPU is in use
 
     return SessionTensors(CudaIpcChannel(device))
 

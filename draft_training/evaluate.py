@@ -15,9 +15,9 @@ import structlog
 import torch
 from tqdm.auto import tqdm
 
-from ssd.draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
-from ssd.draft_training.target_features import TargetFeatureExtractor
-from ssd.draft_training.tree_sim import simulate_tree
+from draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
+from draft_training.target_features import TargetFeatureExtractor
+from draft_training.tree_sim import simulate_tree
 from ssd.dtypes import parse_dtype
 from ssd.loader.eagle3_checkpoint import load_eagle3_config, load_eagle3_head
 

@@ -19,9 +19,9 @@ import structlog
 import torch
 from tqdm.auto import tqdm
 
-from ssd.draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
-from ssd.draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
-from ssd.draft_training.unroll import unrolled_logits
+from draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
+from draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
+from draft_training.unroll import unrolled_logits
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.errors import InvalidRequestError
 from ssd.loader.eagle3_checkpoint import save_eagle3_head

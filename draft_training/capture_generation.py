@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssd.context import ForwardMode
-from ssd.draft_training.target_features import (
+from draft_training.target_features import (
     BLOCK_SIZE,
     CapturedSequence,
     TargetFeatureExtractor,
     topk_logprobs,
 )
-from ssd.engine.model_runner import ForwardItem
+from ssd.context import ForwardMode
+from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
 
