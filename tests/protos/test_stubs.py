@@ -32,8 +32,9 @@ def test_every_field_and_enum_value_has_a_comment():
                 assert lines[i - 1].strip().startswith("//"), f"{path.name}:{i + 1} has no comment: {line.strip()}"
 
 
-@pytest.mark.parametrize("name", ["protos", "rpc", "gateway", "target_service", "draft_service", "deploy"])
+@pytest.mark.parametrize("name", ["protos", "rpc", "gateway", "target_service", "draft_service", "deploy", "cli",
+                                  "draft_training", "tensor_transport", "bench", "loadtest"])
 def test_our_packages_resolve_inside_the_repo(name):
-    """`protos` and `gateway` exist as unrelated PyPI packages: make sure we import ours."""
+    """`protos`, `gateway` and `cli` exist as unrelated PyPI packages: make sure we import ours."""
     module = importlib.import_module(name)
     assert Path(module.__file__).resolve().is_relative_to(REPO), module.__file__
