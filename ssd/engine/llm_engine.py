@@ -89,8 +89,6 @@ class LLMEngine:
         if config.speculation is not None:
             proposer = proposer or build_proposer(config.speculation, self.worker, dtype_name(self.worker.dtype))
             self.spec = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
-            if proposer.feature_layers:  # the proposer needs target features of every prompt position
-                self.block_manager.enable_prefix_caching = False
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
@@ -184,7 +182,7 @@ class LLMEngine:
         if out.aux_hidden is not None:  # the proposer learns every new position's target features
             rows = out.aux_hidden.split([len(it.token_ids) for it in items])
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
-                self.spec.add_features(seq.seq_id, item.start_position, seq_rows)
+                self.spec.add_features(seq, item.start_position, seq_rows)
         for seq, n, last in zip(batch.seqs, batch.num_new_tokens, done, strict=True):
             if not last:  # a chunk of a longer prompt: its KV is in, nothing to sample yet
                 seq.num_cached_tokens += n

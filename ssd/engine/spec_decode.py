@@ -14,6 +14,7 @@ from ssd.config import SpeculationConfig
 from ssd.context import ForwardMode
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
+from ssd.kv.feature_cache import FeatureCache
 from ssd.runtime.model_runner import ForwardItem, ModelRunner
 from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
@@ -34,6 +35,11 @@ class SpeculativeDecoder:
         self.block_manager = block_manager
         self.counters = SpecCounters()
         self.features: dict[int, tuple[int, torch.Tensor]] = {}  # seq id -> (first position, [n, F] features)
+        self.features_end: dict[int, int] = {}  # seq id -> the position after the last one whose features were given
+        # With prefix caching, the target features of every committed position, kept beside its KV block: a prompt
+        # whose first blocks the prefix cache serves gets their features from here (the proposer needs them all).
+        self.feature_cache = (FeatureCache(block_manager.num_blocks, block_manager.block_size)
+                              if proposer.feature_layers and block_manager.enable_prefix_caching else None)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -45,15 +51,26 @@ class SpeculativeDecoder:
         k = self.config.num_speculative_tokens
         return max(k, self.config.tree.budget) if self.config.tree is not None else k
 
-    def add_features(self, seq_id: int, start: int, features: torch.Tensor) -> None:
-        """Queue target features of positions start.. for the proposer (later ones overwrite earlier)."""
+    def add_features(self, seq: Sequence, start: int, features: torch.Tensor) -> None:
+        """Queue target features [n, F] of positions start.. for the proposer (later ones overwrite earlier), first
+        restoring those of positions the prefix cache served before `start`, and keep them beside the KV."""
+        given = self.features_end.get(seq.seq_id, 0)
+        if self.feature_cache is not None and start > given:  # a prefix-cache hit: those positions were not run
+            self._queue(seq.seq_id, given, self.feature_cache.read(seq.block_table, given, start))
+        if self.feature_cache is not None:
+            self.feature_cache.write(seq.block_table, start, features)
+        self._queue(seq.seq_id, start, features)
+
+    def _queue(self, seq_id: int, start: int, features: torch.Tensor) -> None:
         old = self.features.get(seq_id)
         if old is not None and old[0] <= start <= old[0] + len(old[1]):
             start, features = old[0], torch.cat([old[1][: start - old[0]], features])
         self.features[seq_id] = (start, features)
+        self.features_end[seq_id] = max(self.features_end.get(seq_id, 0), start + len(features))
 
     def release(self, seq_id: int) -> None:
         self.features.pop(seq_id, None)
+        self.features_end.pop(seq_id, None)
         self.proposer.release(seq_id)
 
     def _request(self, seq: Sequence, k: int) -> ProposeRequest:
@@ -98,7 +115,7 @@ class SpeculativeDecoder:
             if out.aux_hidden is not None:  # features of the committed positions: root + accepted path
                 rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)],
                                     device=out.aux_hidden.device)
-                self.add_features(seq.seq_id, item.start_position, out.aux_hidden[rows])
+                self.add_features(seq, item.start_position, out.aux_hidden[rows])
             if seq.params.speculate:
                 for counters in (self.counters, seq.spec_counters):
                     counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
