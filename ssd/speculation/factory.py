@@ -12,6 +12,7 @@ from ssd.speculation.draft_model import DraftModelProposer
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.paged_branches import PagedBranchDrafter
 from ssd.speculation.proposer import Proposer
+from ssd.speculation.speculator_worker import OverlappedSpeculator
 from ssd.speculation.ssd_speculator import SsdSpeculator
 
 
@@ -53,6 +54,8 @@ def branch_drafter_for(proposer: Proposer) -> BranchDrafter:
     raise InvalidRequestError(f"SSD needs a draft model or an EAGLE-3 head, not {type(proposer).__name__}")
 
 
-def with_ssd(proposer: Proposer, config: SpeculationConfig) -> SsdSpeculator:
-    """Wrap a neural proposer so it answers from an SSD speculation cache (built right after each answer)."""
-    return SsdSpeculator(proposer, branch_drafter_for(proposer), config.ssd or SsdConfig(), config.ngram_max)
+def with_ssd(proposer: Proposer, config: SpeculationConfig) -> OverlappedSpeculator:
+    """Wrap a neural proposer so it answers from an SSD speculation cache, built on a worker thread of its own
+    while the caller verifies."""
+    ssd = SsdSpeculator(proposer, branch_drafter_for(proposer), config.ssd or SsdConfig(), config.ngram_max)
+    return OverlappedSpeculator(ssd)

@@ -7,8 +7,9 @@ now for small batches, n-gram lookup above; only the sequences that missed), and
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
 decodes all branches K deep (one batched forward per depth), and stores (seq, j, guess) -> K tokens (+ q).
 
-In one process `propose` = answer + build (no overlap: for tests); the draft service sends the answer
-first and builds afterwards, which is where the speed comes from.
+`propose` = answer + build, one after the other (the reference, for tests). The overlap, where the speed comes
+from, is `speculator_worker.py`: the build runs on the speculator's own thread while the target verifies, in the
+draft service and in one process alike.
 """
 
 import time
@@ -109,7 +110,7 @@ class SsdSpeculator:
         self.after_miss = FanOutEstimator(prior_a=0.4)  # acceptance of backups
         self.counters = SsdCounters()
 
-    # -- the Proposer protocol (one process: answer, then build at once) --------------------------
+    # -- the Proposer protocol without overlap (answer, then build at once) -------------------------
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
         specs, job = self.answer(requests)
         self.build(job)

@@ -1,0 +1,84 @@
+"""Multi-turn chat with an EAGLE-3 draft, prefix caching on vs off: TTFT per turn, prompt tokens served from the
+prefix cache, and whether the answers are the same text.
+
+    python -m bench.multiturn --conversations 8 --turns 4 --max-tokens 64 --threads 2
+
+Each chat's turns run in order (turn t's prompt holds every earlier question and the model's own answer), greedy,
+one chat at a time, in one process: first with prefix caching, then without, on the same engine settings.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+from bench.datasets import load_conversations
+from ssd.config import SpeculationConfig
+from ssd.llm import LLM
+from ssd.log_setup import configure_logging
+from ssd.model_store import DEFAULT_DRAFT, DEFAULT_MODEL
+from ssd.sampling.params import SamplingParams
+
+
+def run_chats(llm: LLM, chats: list[list[str]], max_tokens: int) -> list[list[dict]]:
+    """-> per chat, per turn: {ttft_s, prompt_tokens, cached_tokens, text}."""
+    params = SamplingParams(max_tokens=max_tokens)
+    results = []
+    for questions in chats:
+        messages, turns = [], []
+        for question in questions:
+            messages.append({"role": "user", "content": question})
+            out = llm.chat(messages, params)[0]
+            messages.append({"role": "assistant", "content": out.text})
+            turns.append({"ttft_s": out.ttft_s, "prompt_tokens": len(out.prompt_token_ids),
+                          "cached_tokens": out.num_cached_prompt_tokens, "text": out.text})
+        results.append(turns)
+    return results
+
+
+def summarize(results: list[list[dict]]) -> dict:
+    later = [t for chat in results for t in chat[1:]]
+    return {
+        "ttft_ms_turn1_median": 1000 * statistics.median(chat[0]["ttft_s"] for chat in results),
+        "ttft_ms_later_median": 1000 * statistics.median(t["ttft_s"] for t in later),
+        "later_prompt_tokens": sum(t["prompt_tokens"] for t in later),
+        "later_cached_tokens": sum(t["cached_tokens"] for t in later),
+        "later_hit_rate": sum(t["cached_tokens"] for t in later) / max(1, sum(t["prompt_tokens"] for t in later)),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--conversations", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args()
+    configure_logging("warning")
+    chats = load_conversations(args.conversations, args.turns)
+    report = {"args": vars(args), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    texts = {}
+    for name, caching in (("prefix_caching", True), ("no_prefix_caching", False)):
+        spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
+        with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec,
+                 enable_prefix_caching=caching) as llm:
+            results = run_chats(llm, chats, args.max_tokens)
+        report[name] = summarize(results)
+        texts[name] = [[t["text"] for t in chat] for chat in results]
+    report["same_text"] = texts["prefix_caching"] == texts["no_prefix_caching"]
+    report["ttft_later_ratio"] = (report["no_prefix_caching"]["ttft_ms_later_median"]
+                                  / report["prefix_caching"]["ttft_ms_later_median"])
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

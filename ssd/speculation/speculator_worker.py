@@ -1,0 +1,119 @@
+"""The SSD overlap as a library component: the speculator on a thread of its own.
+
+`answer` runs on the worker and returns at once (a cache hit or the backup); the worker then goes straight on to
+`build`, the next speculation cache, while the caller verifies on its own thread. Every call into the speculator
+(answer, build, commit, release) runs on that one worker thread, in the order it was made, so the speculator,
+which is not thread-safe, never sees two at once, and an answer always finds the cache of the build before it.
+The draft service and in-process SSD (`ssd generate --mode ssd`, `LLM`) both use it.
+"""
+
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import structlog
+import torch
+
+from ssd.sampling.grammar import AnswerGrammar, GrammarState
+from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.speculation import Speculation
+from ssd.speculation.ssd_speculator import BuildJob, SsdSpeculator
+
+log = structlog.get_logger(__name__)
+
+
+class SpeculatorWorker:
+    """One thread for a speculator's calls; records when each cache build ran (perf_counter seconds)."""
+
+    def __init__(self, name: str = "speculator") -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.build_windows: deque[tuple[float, float]] = deque(maxlen=256)  # (start, end) of recent builds
+        self.num_failed_builds = 0
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the worker after everything queued before it, and wait for its result."""
+        return self.executor.submit(_no_grad, fn, *args).result()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue `fn(*args)` on the worker; do not wait."""
+        return self.executor.submit(_no_grad, fn, *args)
+
+    def submit_build(self, build: Callable[[BuildJob], None], job: BuildJob) -> Future:
+        """Queue a cache build. A failure is logged, never raised: the next lookups of those sequences miss."""
+        return self.executor.submit(self._timed_build, build, job)
+
+    def _timed_build(self, build: Callable[[BuildJob], None], job: BuildJob) -> None:
+        started = time.perf_counter()
+        try:
+            _no_grad(build, job)
+        except Exception:
+            self.num_failed_builds += 1
+            log.exception("SSD cache build failed; the next lookups of these sequences miss")
+        finally:
+            self.build_windows.append((started, time.perf_counter()))
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+
+
+def _no_grad(fn: Callable[..., Any], *args: Any) -> Any:
+    with torch.inference_mode():  # a mode of the calling thread: the worker sets its own
+        return fn(*args)
+
+
+def draft_generator(target: torch.Generator) -> torch.Generator:
+    """The draft's own random stream for a sequence, seeded from the target's seed (never drawing from it): the
+    draft samples on the worker while the target verifies, and two threads on one stream would make a seeded
+    request's output depend on their timing."""
+    return torch.Generator().manual_seed((target.initial_seed() * 0x9E3779B97F4A7C15 + 1) % 2**63)
+
+
+class OverlappedSpeculator:
+    """The Proposer protocol over an SsdSpeculator on a SpeculatorWorker: `propose` answers and returns while the
+    worker builds the next cache, overlapping the caller's verify forward."""
+
+    def __init__(self, speculator: SsdSpeculator, worker: SpeculatorWorker | None = None) -> None:
+        self.speculator = speculator
+        self.worker = worker or SpeculatorWorker()
+        self.feature_layers = speculator.feature_layers
+        self.generators: dict[int, torch.Generator] = {}  # seq id -> the draft's random stream
+        self.grammars: dict[int, GrammarState] = {}  # seq id -> the draft's grammar matcher
+
+    @property
+    def counters(self):  # noqa: ANN201 - SsdCounters
+        return self.speculator.counters
+
+    def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
+        # The caller's token lists keep growing while the worker builds: the speculator gets a snapshot, and its
+        # own random stream and grammar matcher (the caller's go on being used on the caller's thread).
+        own = [replace(r, token_ids=list(r.token_ids), generator=self._generator(r), grammar=self._grammar(r))
+               for r in requests]
+        specs, job = self.worker.call(self.speculator.answer, own)
+        self.worker.submit_build(self.speculator.build, job)
+        return specs
+
+    def _generator(self, r: ProposeRequest) -> torch.Generator:
+        if r.seq_id not in self.generators:
+            self.generators[r.seq_id] = draft_generator(r.generator)
+        return self.generators[r.seq_id]
+
+    def _grammar(self, r: ProposeRequest) -> AnswerGrammar | None:
+        if r.grammar is None:
+            return None
+        if r.seq_id not in self.grammars:
+            self.grammars[r.seq_id] = r.grammar.state.copy()
+        return AnswerGrammar(self.grammars[r.seq_id], list(r.grammar.output_ids))
+
+    def commit(self, seq_id: int, num_committed: int) -> None:
+        self.worker.submit(self.speculator.commit, seq_id, num_committed)
+
+    def release(self, seq_id: int) -> None:
+        self.generators.pop(seq_id, None)
+        self.grammars.pop(seq_id, None)
+        self.worker.submit(self.speculator.release, seq_id)
+
+    def close(self) -> None:
+        self.worker.close()
