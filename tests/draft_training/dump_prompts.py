@@ -3,13 +3,15 @@ tables (draft_training/data/) or their code left the prompts bit-identical: run 
 
     python tests/draft_training/dump_prompts.py OUT.txt   # prints the dump's sha256
 
-Not a test (pytest does not collect it): the code and docs sources scan this machine's standard library and
-site-packages, so the dump is only comparable on one machine.
+Not a test (pytest does not collect it): the code source scans this machine's standard library, so the dump is
+only comparable on one machine. The docs source reads a made-up site-packages folder instead of the real one,
+which changes whenever a package is installed.
 """
 
 import hashlib
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 from draft_training.prompts import (
@@ -27,6 +29,22 @@ from draft_training.task_words import TASKS
 # shipped head's command (drafts/smollm2-135m-eagle3/MODEL_CARD.md), and the mix before tasks existed.
 MIXES = ((0, 400, 176, 208, 80, 320), (0, 800, 264, 312, 120, 640), (1, 400, 176, 208, 80, 320),
          (7, 20, 3, 3, 4, 0))
+
+
+_FILLER = ("module", "returns", "the", "value", "of", "a", "parser", "for", "files", "and", "options", "when",
+           "given", "data", "this", "helper", "reads", "writes", "each", "record", "into", "tables")
+
+
+def _fake_site_packages(root: Path) -> Path:
+    """A site-packages folder of packages whose module docstrings are made-up text, some too short or long."""
+    rng = random.Random(0)
+    site = root / "site-packages"
+    for i in range(240):
+        folder = site / f"pkg{i:03d}" / ("sub" if i % 3 == 0 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = " ".join(rng.choice(_FILLER) for _ in range(rng.randint(20, 260)))
+        (folder / f"mod{i}.py").write_text(f'"""{doc}"""\n', encoding="utf-8")
+    return site
 
 
 def _lines(title: str, prompts: list[TrainingPrompt]) -> list[str]:
@@ -51,6 +69,8 @@ def dump() -> str:
 
 
 if __name__ == "__main__":
-    text = dump()
+    with tempfile.TemporaryDirectory() as tmp:
+        sys.path[:] = [p for p in sys.path if not p.endswith("site-packages")] + [str(_fake_site_packages(Path(tmp)))]
+        text = dump()
     Path(sys.argv[1]).write_text(text, encoding="utf-8")
     print(hashlib.sha256(text.encode()).hexdigest(), len(text.splitlines()), "lines")
