@@ -1,69 +1,22 @@
-"""Hand-written instruction templates and topics for the training prompts (data only, no logic)."""
+"""The hand-written instruction tables of the chat, code-chat and docs training prompts, read on first use from
+draft_training/data/instructions.json (data/README.md describes the files)."""
 
-TEMPLATES: tuple[str, ...] = (
-    "Explain {topic} in simple terms.",
-    "Write a short blog post about {topic}.",
-    "Give me five interesting facts about {topic}.",
-    "What are the pros and cons of {topic}?",
-    "Write a poem about {topic}.",
-    "Describe {topic} to a ten-year-old.",
-    "Write a persuasive paragraph arguing that {topic} matters.",
-    "Summarize the history of {topic} in a few paragraphs.",
-    "Imagine you are a teacher. Prepare a lesson plan on {topic}.",
-    "Pretend you are a tour guide and talk about {topic}.",
-    "What are common misconceptions about {topic}?",
-    "Write a short story that involves {topic}.",
-    "Compare {topic} with a related idea and explain the differences.",
-    "List the key steps someone should follow to learn about {topic}.",
-    "Write an email to a friend recommending they learn about {topic}.",
-    "What questions would an expert ask about {topic}? Answer two of them.",
-    "Create a quiz with three questions about {topic}, with answers.",
-    "Explain why {topic} is important for society.",
-    "Act as a scientist and explain the evidence behind {topic}.",
-    "Give a step-by-step explanation of how {topic} works.",
-    "Write a product description inspired by {topic}.",
-    "Draft a speech of about 150 words on {topic}.",
-    "Describe a day in the life of someone who works with {topic}.",
-    "What would happen if {topic} disappeared tomorrow? Reason it through.",
-    "Write a dialogue between two people discussing {topic}.",
-    "Outline an essay about {topic}.",
-    "Give practical tips related to {topic}.",
-    "Write a haiku and then a limerick about {topic}.",
-    "Explain {topic} using an analogy.",
-    "What are the ethical questions raised by {topic}?",
-)
+from dataclasses import dataclass
+from functools import cache
 
-TOPICS: tuple[str, ...] = (
-    "photosynthesis", "black holes", "the French Revolution", "climate change", "machine learning",
-    "the human immune system", "the Roman Empire", "renewable energy", "quantum computing", "the stock market",
-    "volcanoes", "the Internet", "plate tectonics", "the Renaissance", "honeybees", "inflation",
-    "the theory of evolution", "electric cars", "meditation", "the water cycle", "ancient Egypt",
-    "social media", "vaccines", "the printing press", "coral reefs", "artificial intelligence",
-    "the Industrial Revolution", "recycling", "the solar system", "sleep", "jazz music", "chess",
-    "the Great Wall of China", "blockchain", "public libraries", "time management", "the Olympic Games",
-    "DNA", "rainforests", "democracy", "the moon landing", "coffee", "cybersecurity", "earthquakes",
-    "Shakespeare", "nutrition", "remote work", "the periodic table", "urban gardening", "the Cold War",
-    "prime numbers", "probability", "the Pythagorean theorem", "compound interest", "statistics",
-    "linear equations", "sorting algorithms", "recursion", "databases", "operating systems",
-    "binary numbers", "hash tables", "version control with git", "unit testing", "object-oriented programming",
-    "cloud computing", "computer networks", "encryption", "the speed of light", "gravity", "magnetism",
-    "chemical reactions", "the human brain", "antibiotics", "dinosaurs", "the ocean tides", "weather forecasting",
-    "the economy of Japan", "world languages", "impressionist painting", "film making", "architecture",
-    "mountain climbing", "marathon training", "learning a second language", "public speaking", "job interviews",
-    "saving money", "starting a small business", "friendship", "kindness", "leadership", "team work",
-    "the scientific method", "critical thinking", "logic puzzles", "philosophy of mind", "stoicism",
-    "the Silk Road", "the Aztec civilization", "the history of mathematics", "electricity", "batteries",
-    "3D printing", "robots", "space exploration", "Mars", "the human heart", "genetics", "bacteria",
-    "forests", "deserts", "rivers", "pollution", "traffic", "cities of the future", "video games",
-    "board games", "cooking pasta", "baking bread", "tea ceremonies", "fashion", "photography",
-)
+from draft_training.package_data import read_json
 
-CODE_TASKS: tuple[str, ...] = (
-    "Explain what this Python function does, step by step:\n\n```python\n{code}\n```",
-    "Add comments to this Python code and explain any tricky parts:\n\n```python\n{code}\n```",
-    "Write unit tests for this function:\n\n```python\n{code}\n```",
-    "Can this Python function be simplified? Show an improved version.\n\n```python\n{code}\n```",
-    "Write a Python function that does the following: {summary}",
-    "Implement this in Python, with a docstring and an example: {summary}",
-    "Describe the inputs, outputs and edge cases of this function:\n\n```python\n{code}\n```",
-)
+
+@dataclass(frozen=True)
+class Instructions:
+    chat_templates: tuple[str, ...]  # each holds `{topic}`; every template x topic pair is one chat prompt
+    topics: tuple[str, ...]
+    code_tasks: tuple[str, ...]  # each holds a standard-library function's `{code}` or its `{summary}`
+    docs_tasks: tuple[str, ...]  # each holds `{doc}`, a module docstring of an installed package
+
+
+@cache
+def instructions() -> Instructions:
+    table = read_json("instructions.json")
+    return Instructions(chat_templates=tuple(table["chat_templates"]), topics=tuple(table["topics"]),
+                        code_tasks=tuple(table["code_tasks"]), docs_tasks=tuple(table["docs_tasks"]))

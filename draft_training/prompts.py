@@ -6,7 +6,9 @@ Four sources, mixed deterministically by a seed:
   requests to explain, document or rewrite a snippet;
 - documentation: module docstrings of installed packages, to summarize or explain;
 - tasks: requests of the kinds open chat asks for (extraction, math, reasoning, role-play, constrained
-  writing, editing, STEM, humanities), generated from the skeletons and word lists in task_words.py.
+  writing, editing, STEM, humanities), generated from skeletons and word lists (task_words.py).
+The tables (templates, topics, skeletons, words) are data files in draft_training/data/; this module composes
+the prompts from them.
 """
 
 import ast
@@ -20,17 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draft_training.prompt_topics import CODE_TASKS, TEMPLATES, TOPICS
-from draft_training.task_words import (
-    ASSIGNMENTS,
-    CLEAN_SENTENCES,
-    ERRORS,
-    NUMBERS,
-    ORDERINGS,
-    RECORDS,
-    TASKS,
-    WORDS,
-)
+from draft_training.prompt_topics import instructions
+from draft_training.task_words import task_tables
 from ssd.errors import InvalidRequestError
 
 
@@ -43,7 +36,8 @@ class TrainingPrompt:
 
 def chat_prompts(rng: random.Random, num: int) -> list[TrainingPrompt]:
     """`num` distinct (template, topic) instructions."""
-    pairs = [(t, topic) for t in TEMPLATES for topic in TOPICS]
+    table = instructions()
+    pairs = [(t, topic) for t in table.chat_templates for topic in table.topics]
     rng.shuffle(pairs)
     return [TrainingPrompt("chat", t.format(topic=topic), True) for t, topic in pairs[:num]]
 
@@ -93,7 +87,7 @@ def code_prompts(rng: random.Random, num_stubs: int, num_chat: int) -> list[Trai
     stubs = [TrainingPrompt("code-stub", f.stub, False) for f in funcs[:num_stubs]]
     chats = []
     for f in funcs[num_stubs : num_stubs + num_chat]:
-        task = rng.choice(CODE_TASKS)
+        task = rng.choice(instructions().code_tasks)
         chats.append(TrainingPrompt("code-chat", task.format(code=f.source, summary=f.summary), True))
     return stubs + chats
 
@@ -111,9 +105,7 @@ def docs_prompts(rng: random.Random, num: int, max_chars: int = 1200) -> list[Tr
             if doc and 200 <= len(doc) <= max_chars:
                 docs.append(doc)
     rng.shuffle(docs)
-    asks = ("Summarize this documentation in plain words:\n\n{doc}",
-            "Explain to a beginner what this module is for:\n\n{doc}",
-            "What are the main points of the following text?\n\n{doc}")
+    asks = instructions().docs_tasks
     return [TrainingPrompt("docs", rng.choice(asks).format(doc=d), True) for d in docs[:num]]
 
 
@@ -144,13 +136,14 @@ def _draw(rng: random.Random, base: str, used: Used) -> str:
 
 
 def _draw_once(rng: random.Random, base: str, used: Used) -> str:
-    if base in NUMBERS:
-        return str(rng.randint(*NUMBERS[base]))
-    if base in RECORDS:
-        return " ".join(fill_slots(rng, rng.choice(RECORDS[base]), used) for _ in range(rng.randint(3, 4)))
+    tables = task_tables()
+    if base in tables.numbers:
+        return str(rng.randint(*tables.numbers[base]))
+    if base in tables.records:
+        return " ".join(fill_slots(rng, rng.choice(tables.records[base]), used) for _ in range(rng.randint(3, 4)))
     if base in _GENERATORS:
         return _GENERATORS[base](rng, used)
-    return fill_slots(rng, rng.choice(WORDS[base]), used)
+    return fill_slots(rng, rng.choice(tables.words[base]), used)
 
 
 def _names(rng: random.Random, used: Used, num: int) -> list[str]:
@@ -163,7 +156,7 @@ def _listed(words: list[str]) -> str:
 
 def _order_puzzle(rng: random.Random, used: Used) -> str:
     """Facts about neighbors in a hidden order (one redundant at times), shuffled; the order is unique."""
-    relation, question = rng.choice(ORDERINGS)
+    relation, question = rng.choice(task_tables().orderings)
     order = _names(rng, used, rng.randint(4, 5))
     pairs = [(order[i], order[i + 1]) for i in range(len(order) - 1)]
     if rng.random() < 0.5:
@@ -174,7 +167,7 @@ def _order_puzzle(rng: random.Random, used: Used) -> str:
 
 def _assignment_puzzle(rng: random.Random, used: Used) -> str:
     """People matched one-to-one with items; true "is not" clues are added until one matching is left."""
-    intro, is_fact, is_not_fact, question, all_items = rng.choice(ASSIGNMENTS)
+    intro, is_fact, is_not_fact, question, all_items = rng.choice(task_tables().assignments)
     num = rng.randint(3, 4)
     people, items = _names(rng, used, num), rng.sample(all_items, num)  # people[i] has items[i]
     facts = [(p, i) for p in range(num) for i in range(num) if p != i]
@@ -209,13 +202,14 @@ def _scores(rng: random.Random, used: Used) -> str:
 
 def _flawed(rng: random.Random, used: Used) -> str:
     """A clean sentence with two or three of its words swapped for common misspellings or grammar slips."""
+    tables = task_tables()
     taken = used.setdefault("clean_sentence", set())  # two flawed sentences in one prompt: two templates
-    template = rng.choice([t for t in CLEAN_SENTENCES if t not in taken] or CLEAN_SENTENCES)
+    template = rng.choice([t for t in tables.clean_sentences if t not in taken] or tables.clean_sentences)
     taken.add(template)
     sentence = fill_slots(rng, template, used)
-    present = [w for w in ERRORS if re.search(rf"\b{re.escape(w)}\b", sentence)]
+    present = [w for w in tables.errors if re.search(rf"\b{re.escape(w)}\b", sentence)]
     for word in rng.sample(present, min(len(present), rng.randint(2, 3))):
-        sentence = re.sub(rf"\b{re.escape(word)}\b", ERRORS[word], sentence, count=1)
+        sentence = re.sub(rf"\b{re.escape(word)}\b", tables.errors[word], sentence, count=1)
     return sentence
 
 
@@ -226,13 +220,15 @@ _GENERATORS: dict[str, Callable[[random.Random, Used], str]] = {
 
 
 def task_prompts(rng: random.Random, num: int) -> list[TrainingPrompt]:
-    """`num` distinct generated requests; the kinds of TASKS take turns, a skeleton is drawn within a kind."""
-    kinds = list(TASKS)
+    """`num` distinct generated requests; the kinds of the task tables take turns, a skeleton is drawn within a
+    kind."""
+    tasks = task_tables().tasks
+    kinds = list(tasks)
     texts: list[str] = []  # in kind order; a set alone would lose the order across runs
     seen: set[str] = set()
     for i in range(num):
         for _ in range(MAX_DRAWS):
-            text = fill_slots(rng, rng.choice(TASKS[kinds[i % len(kinds)]]))
+            text = fill_slots(rng, rng.choice(tasks[kinds[i % len(kinds)]]))
             if text not in seen:
                 break
         else:
