@@ -8,6 +8,8 @@ when the batch is too small to fill the GPU, the keys are split (flash-decoding)
 Queries are packed ragged ([T, H, D] with query_start_loc); seq_lens count every key including the new ones.
 """
 
+import functools
+
 import torch
 
 from kernels._checks import (
@@ -154,12 +156,16 @@ def _tile_sizes(rows: int, head_dim: int) -> tuple[int, int]:
     return min(64, max(16, next_power_of_2(rows))), 64 if head_dim <= 64 else 32
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _num_splits(programs: int, num_tiles: int, device: torch.device) -> int:
-    """Key splits so that about two programs run per SM, each over at least 4 key tiles."""
+    """Key splits so that about two programs run per SM, each over at least 4 key tiles (1 off the GPU)."""
     if device.type != "cuda":
         return 1
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(-(-2 * num_sms // programs), num_tiles // 4))
+    return max(1, min(-(-2 * _num_sms(device) // programs), num_tiles // 4))
 
 
 def paged_attention(

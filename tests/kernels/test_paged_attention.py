@@ -62,8 +62,15 @@ def test_key_splits_combine_to_the_unsplit_result(device, dtype, num_splits):
     assert_close(out, paged_attention(*batch.args(), block_size=16, num_splits=1))
 
 
-def test_head_dim_that_is_not_a_power_of_two(device):
-    batch = make_batch([17, 40], [5, 1], group=3, head_dim=24, device=device)
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("head_dim", [24, 96])  # not powers of two; 96 reads keys in tiles of 32
+def test_head_dims(device, block_size, head_dim):
+    batch = make_batch([17, 40, 65], [5, 1, 16], group=3, head_dim=head_dim, block_size=block_size, device=device)
+    assert_close(*both(batch))
+
+
+def test_long_query_runs_over_a_cached_prefix(device):
+    batch = make_batch([70, 40], [40, 33], group=3, device=device)  # prefill chunks: 120 rows in two chunks
     assert_close(*both(batch))
 
 
