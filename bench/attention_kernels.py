@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ints = _int_list
     p.add_argument("--batches", type=ints, default=[1, 8, 64], help="comma-separated batch sizes")
-    p.add_argument("--contexts", type=ints, default=[512, 4096, 32768], help="comma-separated keys per sequence")
+    p.add_argument("--contexts", type=ints, default=[512, 4096, 32768], help="comma-separated keys per seq")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -38,8 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flash-block-size", type=int, default=256, help="flash-attn's page size")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--bandwidth-gbs", type=float, default=None, help="skip the copy measurement, use this GB/s")
-    p.add_argument("--skip-gather", action="store_true", help="skip the gather path (slow, large at 64 x 32k)")
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="use this GB/s, not a copy measured")
+    p.add_argument("--skip-gather", action="store_true", help="skip the gather path (big at 64 x 32k)")
     p.add_argument("--output", default="attention_kernels.json")
     args = p.parse_args(argv)
     if args.heads % args.kv_heads or min(args.batches + args.contexts) < 1:
@@ -67,7 +67,9 @@ def copy_bandwidth_gbs(iters: int) -> float:
     return 2 * src.numel() * src.element_size() / (ms * 1e6)
 
 
-def flash_call(q: torch.Tensor, cache: "PagedCache", scale: float, block_size: int) -> Callable[[], object] | str:
+def flash_call(
+    q: torch.Tensor, cache: "PagedCache", scale: float, block_size: int
+) -> Callable[[], object] | str:
     """A closure running flash_attn_with_kvcache on its own paged copy of `cache`, or why it cannot run."""
     try:
         from flash_attn import flash_attn_with_kvcache
@@ -83,7 +85,7 @@ def flash_call(q: torch.Tensor, cache: "PagedCache", scale: float, block_size: i
     v = torch.zeros_like(k)
     for b in range(num_seqs):
         positions = torch.arange(int(seq_lens[b]), device="cuda")
-        slots = block_tables[b].long()[positions // cache.block_size] * cache.block_size + positions % cache.block_size
+        slots = cache.slots(positions)[b]  # [n]
         k[b * blocks * block_size + positions] = cache.k[:, slots].transpose(0, 1)
         v[b * blocks * block_size + positions] = cache.v[:, slots].transpose(0, 1)
     k, v = (t.view(num_seqs * blocks, block_size, *t.shape[1:]) for t in (k, v))
@@ -106,11 +108,15 @@ class PagedCache:
         self.block_tables = perm.view(num_seqs, blocks_per_seq)  # [B, blocks] scattered blocks
         self.seq_lens = torch.full((num_seqs,), context, dtype=torch.int32, device="cuda")
 
+    def slots(self, positions: torch.Tensor) -> torch.Tensor:  # [B, len(positions)] int64
+        table = self.block_tables.long()
+        return table[:, positions // self.block_size] * self.block_size + positions % self.block_size
+
     def engine_context(self, context: int) -> ForwardContext:
         positions = torch.arange(context, device="cuda")  # [S]
-        slots = self.block_tables.long()[:, positions // self.block_size] * self.block_size + positions % self.block_size
-        return ForwardContext(mode=ForwardMode.DECODE, slot_mapping=slots[:, -1], kv_slots=slots, attn_mask=None,
-                              query_index=None, token_batch=None, token_offset=None)
+        slots = self.slots(positions)  # [B, S]
+        return ForwardContext(mode=ForwardMode.DECODE, slot_mapping=slots[:, -1], kv_slots=slots,
+                              attn_mask=None, query_index=None, token_batch=None, token_offset=None)
 
 
 def time_case(num_seqs: int, context: int, args: argparse.Namespace, bandwidth_gbs: float) -> dict:
@@ -129,7 +135,8 @@ def time_case(num_seqs: int, context: int, args: argparse.Namespace, bandwidth_g
     row["flash_ms"] = flash if isinstance(flash, str) else round(cuda_ms(flash, args.iters), 4)
     if not args.skip_gather:
         ctx = cache.engine_context(context)
-        row["gather_ms"] = round(cuda_ms(lambda: engine_paged_attention(q, cache.kv, ctx, scale), args.iters), 4)
+        gather = lambda: engine_paged_attention(q, cache.kv, ctx, scale)  # noqa: E731
+        row["gather_ms"] = round(cuda_ms(gather, args.iters), 4)
     return row  # the caches go with this frame
 
 

@@ -1,4 +1,4 @@
-"""Launcher validation shared by the kernels: each check raises ValueError with a message naming the argument."""
+"""Launcher validation shared by the kernels: each check raises ValueError naming the argument."""
 
 import torch
 

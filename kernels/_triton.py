@@ -1,7 +1,8 @@
 """The optional Triton import: `HAS_TRITON` is False where triton is not installed.
 
 Kernel modules define their @triton.jit functions only when HAS_TRITON is True, so the plain-torch references
-import and run everywhere. Under TRITON_INTERPRET=1 (read when a kernel is decorated) kernels run on CPU tensors.
+import and run everywhere. Under TRITON_INTERPRET=1 (read when triton is first imported) kernels run on CPU
+tensors.
 """
 
 import os

@@ -18,7 +18,8 @@ def num_words(window: int) -> int:
 def pack_mask(dense_mask: torch.Tensor) -> torch.Tensor:  # [T, W] int32
     """Pack `dense_mask` [T, window] bool (True = may attend) into [T, ceil(window / 32)] int32 words."""
     if dense_mask.dim() != 2 or dense_mask.dtype != torch.bool:
-        raise ValueError(f"dense_mask must be [T, window] bool, got {tuple(dense_mask.shape)} {dense_mask.dtype}")
+        raise ValueError(f"dense_mask must be [T, window] bool, got {tuple(dense_mask.shape)} "
+                         f"{dense_mask.dtype}")
     t, window = dense_mask.shape
     width = num_words(window)
     bits = torch.zeros(t, width * BITS_PER_WORD, dtype=torch.int64, device=dense_mask.device)
@@ -36,7 +37,7 @@ def unpack_mask(words: torch.Tensor, window: int) -> torch.Tensor:  # [T, window
 
 
 def pack_sequence_masks(masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sequence dense masks (ForwardItem.attn_mask, each [n_b, seq_len_b] bool) -> (mask_start, tree_mask).
+    """Dense masks per sequence (ForwardItem.attn_mask, [n_b, seq_len_b] bool) -> (mask_start, tree_mask).
 
     mask_start [B] int32 is each sequence's longest prefix of keys that all its rows see; tree_mask
     [sum n_b, W] int32 packs the rest of every row, W sized for the widest window in the batch.
@@ -52,7 +53,8 @@ def pack_sequence_masks(masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.
         windows.append(m[:, prefix:])
     width = max(w.shape[1] for w in windows)
     device = masks[0].device
-    dense = torch.zeros(sum(w.shape[0] for w in windows), width, dtype=torch.bool, device=device)  # [T, window]
+    num_rows = sum(w.shape[0] for w in windows)
+    dense = torch.zeros(num_rows, width, dtype=torch.bool, device=device)  # [T, window]
     row = 0
     for w in windows:
         dense[row : row + w.shape[0], : w.shape[1]] = w

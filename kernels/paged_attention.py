@@ -29,6 +29,17 @@ LOG2_E = 1.4426950408889634
 if HAS_TRITON:
 
     @triton.jit
+    def _tree_visible(tree_mask_ptr, stride_mt, num_words, token, row_ok, keys, key_ok, mask_start):
+        """[rows, keys] bool: keys before mask_start, and window keys whose bit is set in the row's words."""
+        rel = keys - mask_start  # bit index inside the window
+        in_window = (rel >= 0) & key_ok & (rel < num_words * 32)
+        word_mask = row_ok[:, None] & in_window[None, :]
+        words = tl.load(tree_mask_ptr + token[:, None].to(tl.int64) * stride_mt + (rel // 32)[None, :],
+                        mask=word_mask, other=0)  # [rows, keys] int32
+        bit = (words >> (rel % 32)[None, :]) & 1  # arithmetic shift: right for bit 31 too
+        return ((keys < mask_start) & key_ok)[None, :] | (word_mask & (bit != 0))
+
+    @triton.jit
     def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, mask_start_ptr, tree_mask_ptr,
@@ -39,7 +50,7 @@ if HAS_TRITON:
         BLOCK_SIZE: tl.constexpr, HAS_TREE: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     ):
         b = tl.program_id(0)
-        kv_head = tl.program_id(1) // num_row_chunks
+        kv_head = (tl.program_id(1) // num_row_chunks).to(tl.int64)  # int64: kv_head * stride_kh > 2^31
         chunk = tl.program_id(1) % num_row_chunks
         split = tl.program_id(2)
         q_start = tl.load(query_start_loc_ptr + b)
@@ -51,7 +62,7 @@ if HAS_TRITON:
         query = rows // G
         row_ok = query < q_len
         token = q_start + query  # [BLOCK_M] flat token index
-        head = kv_head * G + rows % G
+        head = (kv_head * G + rows % G).to(tl.int32)
         dims = tl.arange(0, BLOCK_D)
         dim_ok = dims < D
         q_offs = token[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :]
@@ -78,13 +89,8 @@ if HAS_TRITON:
                         other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_D]
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
             if HAS_TREE:
-                rel = keys - mask_start  # bit index inside the window
-                in_window = (rel >= 0) & key_ok & (rel < num_words * 32)
-                word_mask = row_ok[:, None] & in_window[None, :]
-                words = tl.load(tree_mask_ptr + token[:, None].to(tl.int64) * stride_mt + (rel // 32)[None, :],
-                                mask=word_mask, other=0)  # [BLOCK_M, BLOCK_N] int32
-                bit = (words >> (rel % 32)[None, :]) & 1  # arithmetic shift: bit 31 comes out right too
-                visible = ((keys < mask_start) & key_ok)[None, :] | (word_mask & (bit != 0))
+                visible = _tree_visible(tree_mask_ptr, stride_mt, num_words, token, row_ok, keys, key_ok,
+                                        mask_start)
             else:
                 visible = keys[None, :] < (num_context + query + 1)[:, None]
             visible = visible & row_ok[:, None]
@@ -129,7 +135,8 @@ def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     for name, t, shape in (("seq_lens", seq_lens, (num_seqs,)), ("query_start_loc", query_start_loc,
                                                                   (num_seqs + 1,))):
         check_shape(name, t, shape, "[B]" if name == "seq_lens" else "[B+1]")
-    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
         check_dtype(name, t, (torch.int32,))
         check_contiguous(name, t)
     if max_query_len < 1 or block_size < 1:
@@ -146,13 +153,16 @@ def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
             check_contiguous(name, t)
     tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
                    query_start_loc=query_start_loc)
-    check_same_device(**tensors, **({} if tree_mask is None else dict(mask_start=mask_start, tree_mask=tree_mask)))
+    if tree_mask is not None:
+        tensors |= dict(mask_start=mask_start, tree_mask=tree_mask)
+    check_same_device(**tensors)
     if q.device.type != "cuda" and not is_interpreting():
-        raise ValueError(f"paged_attention runs on CUDA tensors (or under TRITON_INTERPRET=1), got {q.device}")
+        raise ValueError(f"paged_attention runs on CUDA tensors (or under TRITON_INTERPRET=1), "
+                         f"got {q.device}")
 
 
 def _tile_sizes(rows: int, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): rows of G * queries (>= 16 for tl.dot) and keys per tile (smaller for wide heads)."""
+    """(BLOCK_M, BLOCK_N): rows of G * queries (>= 16 for tl.dot), keys per tile (fewer for wide heads)."""
     return min(64, max(16, next_power_of_2(rows))), 64 if head_dim <= 64 else 32
 
 
@@ -183,7 +193,7 @@ def paged_attention(
     tree_mask: torch.Tensor | None = None,  # [T, W] int32 packed bits
     num_splits: int | None = None,  # key splits; None = chosen for the GPU
 ) -> torch.Tensor:  # [T, H, D], q's dtype
-    """Triton paged attention (see the module docstring); causal among the new queries unless a tree mask is given."""
+    """Triton paged attention (see the module docstring); causal among the new queries without a tree mask."""
     require_triton("paged_attention")
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, block_size,
                   mask_start, tree_mask)
@@ -194,7 +204,7 @@ def paged_attention(
     group = num_heads // num_kv_heads
     block_m, block_n = _tile_sizes(group * max_query_len, head_dim)
     num_row_chunks = -(-group * max_query_len // block_m)
-    num_tiles = -(-block_tables.shape[1] * block_size // block_n)  # key tiles of the longest possible sequence
+    num_tiles = -(-block_tables.shape[1] * block_size // block_n)  # key tiles of the longest table
     splits = num_splits or _num_splits(num_seqs * num_kv_heads * num_row_chunks, num_tiles, q.device)
     tiles_per_split = -(-num_tiles // splits)
     splits = -(-num_tiles // tiles_per_split)  # drop splits that would get no tile
@@ -282,7 +292,8 @@ def paged_attention_reference(
     starts = query_start_loc[:-1].long()  # [B]
     q_lens = query_start_loc[1:].long() - starts  # [B]
     if int(q_lens.max()) > max_query_len:
-        raise ValueError(f"a sequence has {int(q_lens.max())} new queries, more than max_query_len={max_query_len}")
+        raise ValueError(f"a sequence has {int(q_lens.max())} new queries, more than "
+                         f"max_query_len={max_query_len}")
     seq_lens = seq_lens.long()
     num_keys = max(1, int(seq_lens.max()))
     keys = torch.arange(num_keys, device=q.device)  # [S]

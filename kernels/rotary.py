@@ -66,7 +66,8 @@ def _check_inputs(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, s
         check_contiguous(name, t)
     check_same_device(x=x, positions=positions, cos=cos, sin=sin)
     if x.device.type != "cuda" and not is_interpreting():
-        raise ValueError(f"rotary_embedding runs on CUDA tensors (or under TRITON_INTERPRET=1), got {x.device}")
+        raise ValueError(f"rotary_embedding runs on CUDA tensors (or under TRITON_INTERPRET=1), "
+                         f"got {x.device}")
 
 
 def rotary_embedding(

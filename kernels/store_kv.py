@@ -24,7 +24,7 @@ if HAS_TRITON:
         stride_kt, stride_kh, stride_vt, stride_vh, stride_cache_kv, stride_ch, stride_cs,
         KVH: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        token = tl.program_id(0)
+        token = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_mapping_ptr + token)
         if slot >= 0:
             heads = tl.arange(0, BLOCK_H)
@@ -32,12 +32,15 @@ if HAS_TRITON:
             mask = (heads < KVH)[:, None] & (dims < D)[None, :]
             k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
             v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
-            dst = cache_ptr + heads[:, None] * stride_ch + slot * stride_cs + dims[None, :]  # [BLOCK_H, BLOCK_D]
+            head_offs = heads[:, None].to(tl.int64) * stride_ch  # int64: can pass 2^31
+            dst = cache_ptr + head_offs + slot * stride_cs + dims[None, :]  # [BLOCK_H, BLOCK_D]
             tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
             tl.store(dst + stride_cache_kv, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_inputs(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def _check_inputs(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     check_ndim("k", k, 3, "[T, KVH, D]")
     check_shape("v", v, tuple(k.shape), "[T, KVH, D] like k")
     check_ndim("kv_cache", kv_cache, 4, "[2, KVH, num_slots, D]")
@@ -72,7 +75,8 @@ def store_kv(
         k, v, kv_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
         kv_cache.stride(2),
-        KVH=num_kv_heads, D=head_dim, BLOCK_H=next_power_of_2(num_kv_heads), BLOCK_D=next_power_of_2(head_dim),
+        KVH=num_kv_heads, D=head_dim, BLOCK_H=next_power_of_2(num_kv_heads),
+        BLOCK_D=next_power_of_2(head_dim),
     )
 
 

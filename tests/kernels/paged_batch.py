@@ -1,4 +1,4 @@
-"""Random paged-attention batches for the kernel tests: a shuffled block pool, ragged lengths, packed queries."""
+"""Random paged-attention batches for the kernel tests: shuffled blocks, ragged lengths, packed queries."""
 
 from dataclasses import dataclass
 
@@ -18,8 +18,8 @@ class PagedBatch:
 
     def args(self) -> tuple:
         """The positional arguments of paged_attention / paged_attention_reference."""
-        return (self.q, self.kv_cache[0], self.kv_cache[1], self.block_tables, self.seq_lens, self.query_start_loc,
-                self.max_query_len, self.scale)
+        return (self.q, self.kv_cache[0], self.kv_cache[1], self.block_tables, self.seq_lens,
+                self.query_start_loc, self.max_query_len, self.scale)
 
     def block_table(self, b: int) -> list[int]:
         num_blocks = -(-int(self.seq_lens[b]) // self.block_size)
@@ -28,9 +28,10 @@ class PagedBatch:
 
 def make_batch(
     seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int = 2, group: int = 1, head_dim: int = 16,
-    block_size: int = 16, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", seed: int = 0,
+    block_size: int = 16, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    seed: int = 0,
 ) -> PagedBatch:
-    """Sequences with `seq_lens` keys each (their last `q_lens` being the new tokens), blocks drawn at random."""
+    """Sequences of `seq_lens` keys (the last `q_lens` of them the new tokens), on blocks drawn at random."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 2  # spare blocks: keys outside a sequence's table must not leak in
@@ -51,7 +52,7 @@ def make_batch(
 
 
 def ancestor_mask(parents: list[int], num_context: int) -> torch.Tensor:  # [n, num_context + n] bool
-    """A token tree's mask: every node sees the context, itself and its ancestors (parents[i] < i, -1 = root)."""
+    """A token tree's mask: each node sees the context, itself and its ancestors (parent < i, -1: root)."""
     n = len(parents)
     mask = torch.zeros(n, num_context + n, dtype=torch.bool)
     mask[:, :num_context] = True

@@ -1,4 +1,4 @@
-"""The torch reference of paged attention against the engine's gather + dense-mask attention (trusted today)."""
+"""The torch reference of paged attention against the engine's gather + dense-mask attention (trusted)."""
 
 import pytest
 import torch
@@ -22,9 +22,12 @@ def engine_attention(batch: PagedBatch, masks: list[torch.Tensor] | None = None)
     return engine_paged_attention(batch.q, batch.kv_cache, ctx, batch.scale)
 
 
+Q_LENS = [[1] * 6, [1, 5, 5, 5, 5, 5], [1, 15, 16, 16, 16, 16], [1, 5, 16, 3, 2, 9]]
+
+
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("group", [1, 3, 8])
-@pytest.mark.parametrize("q_lens", [[1] * 6, [1, 5, 5, 5, 5, 5], [1, 15, 16, 16, 16, 16], [1, 5, 16, 3, 2, 9]])
+@pytest.mark.parametrize("q_lens", Q_LENS)
 def test_causal_reference_matches_the_engine(block_size, group, q_lens):
     batch = make_batch([1, 15, 16, 17, 64, 65], q_lens, group=group, block_size=block_size)
     out = paged_attention_reference(*batch.args(), block_size=block_size)
@@ -36,7 +39,8 @@ def test_causal_reference_matches_the_engine(block_size, group, q_lens):
 def test_tree_reference_matches_the_engine(block_size, group):
     cases = tree_cases()
     masks = [mask for _, _, mask in cases]
-    batch = make_batch([n for _, n, _ in cases], [m.shape[0] for m in masks], group=group, block_size=block_size)
+    batch = make_batch([n for _, n, _ in cases], [m.shape[0] for m in masks], group=group,
+                       block_size=block_size)
     mask_start, tree_mask = pack_sequence_masks(masks)
     out = paged_attention_reference(*batch.args(), block_size=block_size, mask_start=mask_start,
                                     tree_mask=tree_mask)
@@ -45,7 +49,8 @@ def test_tree_reference_matches_the_engine(block_size, group):
 
 def test_a_causal_tree_mask_is_the_causal_default():
     batch = make_batch([17, 40], [5, 16], group=3)
-    masks = [torch.ones(5, 17, dtype=torch.bool).tril(diagonal=12), torch.ones(16, 40, dtype=torch.bool).tril(24)]
+    masks = [torch.ones(5, 17, dtype=torch.bool).tril(diagonal=12),
+             torch.ones(16, 40, dtype=torch.bool).tril(diagonal=24)]
     mask_start, tree_mask = pack_sequence_masks(masks)
     tree = paged_attention_reference(*batch.args(), block_size=16, mask_start=mask_start, tree_mask=tree_mask)
     torch.testing.assert_close(tree, paged_attention_reference(*batch.args(), block_size=16), atol=0, rtol=0)

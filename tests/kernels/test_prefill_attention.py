@@ -1,4 +1,4 @@
-"""Prefill attention (flash-attn varlen or SDPA) against its reference and against paged attention's reference."""
+"""Prefill attention (flash-attn varlen or SDPA) against its reference and paged attention's reference."""
 
 import pytest
 import torch

@@ -10,7 +10,8 @@ from ssd.layers.rotary import RotaryEmbedding  # noqa: E402
 from ssd.model_config import RopeConfig  # noqa: E402
 from tests.kernels.tolerances import assert_close  # noqa: E402
 
-ROPES = [RopeConfig(), RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, original_max_position_embeddings=64)]
+LLAMA3 = RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, original_max_position_embeddings=64)
+ROPES = [RopeConfig(), LLAMA3]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -29,7 +30,7 @@ def test_rotary_matches_the_reference_and_the_layer(device, dtype, rope, heads):
 
 
 def test_strided_heads_of_a_fused_qkv_row(device):
-    qkv = torch.randn(4, 5, 16).to(device)  # [T, q heads + k heads, D]: rotate the 3 q heads in place of a view
+    qkv = torch.randn(4, 5, 16).to(device)  # [T, q heads + k heads, D]: rotate a view of the 3 q heads
     layer = RotaryEmbedding(16, 32, RopeConfig())
     positions = torch.tensor([3, 0, 31, 7], device=device)
     cos, sin = layer.cos.to(device), layer.sin.to(device)

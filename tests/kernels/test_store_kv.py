@@ -19,8 +19,11 @@ def _inputs(device, dtype, cache_dtype, num_tokens=7, kv_heads=3, head_dim=24, n
     return k.to(device), v.to(device), cache.to(device), slots.to(device)
 
 
-@pytest.mark.parametrize(("dtype", "cache_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                                    (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
+DTYPE_PAIRS = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+               (torch.float16, torch.float16), (torch.float32, torch.bfloat16)]  # (k and v, cache)
+
+
+@pytest.mark.parametrize(("dtype", "cache_dtype"), DTYPE_PAIRS)
 def test_store_matches_the_reference_and_the_engine(device, dtype, cache_dtype):
     k, v, cache, slots = _inputs(device, dtype, cache_dtype)
     expected, engine = cache.clone(), cache.clone()
