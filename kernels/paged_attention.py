@@ -9,6 +9,7 @@ Queries are packed ragged ([T, H, D] with query_start_loc); seq_lens count every
 """
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -116,7 +117,7 @@ if HAS_TRITON:
 
 
 def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, block_size,
-                  mask_start, tree_mask) -> None:
+                  mask_start, tree_mask, num_splits) -> None:
     check_ndim("q", q, 3, "[T, H, D]")
     check_ndim("k_cache", k_cache, 3, "[KVH, num_slots, D]")
     check_dtype("q", q, FLOAT_DTYPES)
@@ -139,6 +140,8 @@ def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
                     ("query_start_loc", query_start_loc)):
         check_dtype(name, t, (torch.int32,))
         check_contiguous(name, t)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
     if max_query_len < 1 or block_size < 1:
         raise ValueError(f"max_query_len ({max_query_len}) and block_size ({block_size}) must be >= 1")
     if (mask_start is None) != (tree_mask is None):
@@ -161,9 +164,13 @@ def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
                          f"got {q.device}")
 
 
-def _tile_sizes(rows: int, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): rows of G * queries (>= 16 for tl.dot), keys per tile (fewer for wide heads)."""
-    return min(64, max(16, next_power_of_2(rows))), 64 if head_dim <= 64 else 32
+@dataclass(frozen=True)
+class _LaunchPlan:
+    block_m: int  # rows per program: G * queries, padded to a power of two >= 16 (tl.dot), at most 64
+    block_n: int  # keys per tile: 64, or 32 for heads wider than 64 (registers)
+    num_row_chunks: int  # programs along the rows of one (sequence, KV head)
+    num_splits: int  # programs along the keys (flash-decoding); partial results are combined after
+    tiles_per_split: int
 
 
 @functools.cache
@@ -171,11 +178,18 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _num_splits(programs: int, num_tiles: int, device: torch.device) -> int:
-    """Key splits so that about two programs run per SM, each over at least 4 key tiles (1 off the GPU)."""
-    if device.type != "cuda":
-        return 1
-    return max(1, min(-(-2 * _num_sms(device) // programs), num_tiles // 4))
+def _plan(num_seqs: int, num_kv_heads: int, rows: int, head_dim: int, max_keys: int, device: torch.device,
+          num_splits: int | None) -> _LaunchPlan:
+    """Tiles and grid for `rows` = G * max_query_len rows per (sequence, KV head), `max_keys` per table."""
+    block_m, block_n = min(64, max(16, next_power_of_2(rows))), 64 if head_dim <= 64 else 32
+    num_row_chunks = -(-rows // block_m)
+    num_tiles = -(-max_keys // block_n)
+    if num_splits is None:  # on a GPU, about two programs per SM, each over at least 4 key tiles
+        programs = num_seqs * num_kv_heads * num_row_chunks
+        fill = -(-2 * _num_sms(device) // programs) if device.type == "cuda" else 1
+        num_splits = max(1, min(fill, num_tiles // 4))
+    tiles_per_split = -(-num_tiles // num_splits)
+    return _LaunchPlan(block_m, block_n, num_row_chunks, -(-num_tiles // tiles_per_split), tiles_per_split)
 
 
 def paged_attention(
@@ -196,35 +210,32 @@ def paged_attention(
     """Triton paged attention (see the module docstring); causal among the new queries without a tree mask."""
     require_triton("paged_attention")
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, block_size,
-                  mask_start, tree_mask)
+                  mask_start, tree_mask, num_splits)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, num_seqs = k_cache.shape[0], block_tables.shape[0]
     if num_tokens == 0:
         return torch.empty_like(q)
     group = num_heads // num_kv_heads
-    block_m, block_n = _tile_sizes(group * max_query_len, head_dim)
-    num_row_chunks = -(-group * max_query_len // block_m)
-    num_tiles = -(-block_tables.shape[1] * block_size // block_n)  # key tiles of the longest table
-    splits = num_splits or _num_splits(num_seqs * num_kv_heads * num_row_chunks, num_tiles, q.device)
-    tiles_per_split = -(-num_tiles // splits)
-    splits = -(-num_tiles // tiles_per_split)  # drop splits that would get no tile
+    plan = _plan(num_seqs, num_kv_heads, group * max_query_len, head_dim, block_tables.shape[1] * block_size,
+                 q.device, num_splits)
+    splits = plan.num_splits
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [T, H, D]
     if splits > 1:
         partial = torch.empty(splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
     else:
-        partial, lse = out, out  # lse unused
-    words = tree_mask if tree_mask is not None else seq_lens  # a placeholder pointer when there is no tree
-    _paged_attention_kernel[(num_seqs, num_kv_heads * num_row_chunks, splits)](
+        partial, lse = out[None], out[None, :, :, 0]  # written straight to `out`; lse unused
+    has_tree = tree_mask is not None
+    words = tree_mask if has_tree else seq_lens  # a placeholder pointer when there is no tree
+    _paged_attention_kernel[(num_seqs, num_kv_heads * plan.num_row_chunks, splits)](
         q, k_cache, v_cache, partial, lse,
-        block_tables, seq_lens, query_start_loc, mask_start if mask_start is not None else seq_lens, words,
-        scale * LOG2_E, num_row_chunks, tiles_per_split, words.shape[-1] if tree_mask is not None else 0,
+        block_tables, seq_lens, query_start_loc, mask_start if has_tree else seq_lens, words,
+        scale * LOG2_E, plan.num_row_chunks, plan.tiles_per_split, words.shape[-1] if has_tree else 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        partial.stride(0) if splits > 1 else 0, partial.stride(-3), partial.stride(-2),
-        lse.stride(0) if splits > 1 else 0, lse.stride(1) if splits > 1 else 0,
-        block_tables.stride(0), tree_mask.stride(0) if tree_mask is not None else 0,
-        G=group, D=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_SIZE=block_size, HAS_TREE=tree_mask is not None, IS_SPLIT=splits > 1,
+        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        block_tables.stride(0), tree_mask.stride(0) if has_tree else 0,
+        G=group, D=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n, BLOCK_SIZE=block_size, HAS_TREE=has_tree, IS_SPLIT=splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 holds bf16 / fp16 inputs exactly
         num_warps=4,
     )

@@ -5,6 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from kernels import paged_attention as paged_attention_module  # noqa: E402
 from kernels.packed_mask import pack_sequence_masks  # noqa: E402
 from kernels.paged_attention import paged_attention, paged_attention_reference  # noqa: E402
 from tests.kernels.paged_batch import make_batch, tree_cases  # noqa: E402
@@ -130,6 +131,7 @@ BAD_INPUTS = {
     "H not a multiple of KVH": (lambda b: dict(q=b.q[:, :3].contiguous()), "multiple of KVH"),
     "v_cache unlike k_cache": (lambda b: dict(v_cache=b.kv_cache[1][:1]), "v_cache must be"),
     "zero max_query_len": (lambda b: dict(max_query_len=0), "max_query_len"),
+    "zero num_splits": (lambda b: dict(num_splits=0), "num_splits"),
 }
 
 
@@ -153,3 +155,14 @@ def test_cpu_tensors_need_the_interpreter(device, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         _call(make_batch([17], [1]))
+
+
+def test_the_gpu_plan_splits_keys_only_when_the_batch_leaves_sms_idle(monkeypatch):
+    monkeypatch.setattr(paged_attention_module, "_num_sms", lambda device: 132)  # an H100 / H200
+    gpu = torch.device("cuda")
+    small = paged_attention_module._plan(1, 8, 4, 128, 32768, gpu, None)  # batch 1, 32k keys, D=128, G=4
+    assert (small.block_m, small.block_n, small.num_row_chunks) == (16, 32, 1)
+    assert (small.num_splits, small.tiles_per_split) == (32, 32)  # 264 programs asked; 1024 tiles in 32s
+    assert paged_attention_module._plan(64, 8, 4, 128, 32768, gpu, None).num_splits == 1
+    assert paged_attention_module._plan(1, 8, 4, 128, 64, gpu, None).num_splits == 1  # too few keys to split
+    assert paged_attention_module._plan(1, 8, 4, 128, 32768, torch.device("cpu"), None).num_splits == 1
