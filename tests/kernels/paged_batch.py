@@ -36,7 +36,7 @@ def make_batch(
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 2  # spare blocks: keys outside a sequence's table must not leak in
     pool = torch.randperm(num_blocks, generator=gen)
-    block_tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+    block_tables = torch.full((len(seq_lens), max(blocks_per_seq)), -1, dtype=torch.int32)  # -1: never read
     used = 0
     for b, n in enumerate(blocks_per_seq):
         block_tables[b, :n] = pool[used : used + n]
