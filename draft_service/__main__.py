@@ -10,6 +10,7 @@ import structlog
 import torch
 
 from draft_service.config import DraftServiceConfig, parse_args
+from draft_service.limits import SessionLimits
 from draft_service.proposers import ServiceDraft, build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from protos import require_current_stubs
@@ -25,7 +26,7 @@ log = structlog.get_logger(__name__)
 async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
     if draft.grammars is not None:  # structured output's tokenizer index, before the first grammar needs it
         threading.Thread(target=draft.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
-    servicer = SpeculatorServicer(draft, config.draft)
+    servicer = SpeculatorServicer(draft, config.draft, session_limits(config, draft))
     spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
 
@@ -33,6 +34,13 @@ async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
         await servicer.close()
 
     await server.run(on_stop)
+
+
+def session_limits(config: DraftServiceConfig, draft: ServiceDraft) -> SessionLimits:
+    """The config's limits; a sequence's length defaults to the draft model's positions (n-gram: 1 Mi tokens)."""
+    return SessionLimits(max_speculative_tokens=config.max_speculative_tokens,
+                         max_sequences=config.max_session_sequences,
+                         max_model_len=config.max_model_len or draft.max_model_len or 1 << 20)
 
 
 def main(argv: list[str] | None = None) -> None:
