@@ -5,6 +5,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rpc.tls import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag
 from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, MAX_LOOKAHEAD, SsdConfig
 from ssd.errors import InvalidRequestError
@@ -27,6 +28,7 @@ class DraftServiceConfig:
     max_speculative_tokens: int = MAX_LOOKAHEAD  # lookahead K per round
     max_session_sequences: int = 256  # sequences one session holds
     max_model_len: int | None = None  # tokens per sequence; None = the draft model's positions
+    tls: TlsFiles = field(default_factory=TlsFiles)  # server certificate; with a CA, targets must present one
     log_level: str = "info"
     log_json: bool = True
 
@@ -54,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))
     add_ssd_flags(p, env)
     add_limit_flags(p, env)
+    add_tls_flags(p, env)
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
@@ -65,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
                                   max_speculative_tokens=a.max_speculative_tokens,
                                   max_session_sequences=a.max_session_sequences, max_model_len=a.max_model_len,
+                                  tls=tls_from_args(p, a),
                                   log_level=a.log_level, log_json=not a.log_text)
     except InvalidRequestError as e:
         p.error(str(e))  # exits 2 with the usage line
