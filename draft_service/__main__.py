@@ -18,7 +18,7 @@ from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
-from rpc.tls import TlsConfigError
+from rpc.tls_files import TlsConfigError
 from ssd.errors import SSDError
 
 log = structlog.get_logger(__name__)

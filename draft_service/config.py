@@ -5,7 +5,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rpc.tls import TlsFiles, add_tls_flags, tls_from_args
+from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag
 from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, MAX_LOOKAHEAD, SsdConfig
 from ssd.errors import InvalidRequestError

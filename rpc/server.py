@@ -21,7 +21,8 @@ from grpc_reflection.v1alpha import reflection
 
 from rpc.errors import ErrorMappingInterceptor, StatusTable
 from rpc.options import SERVER_OPTIONS
-from rpc.tls import TlsFiles, is_loopback, server_credentials
+from rpc.tls import is_loopback, server_credentials
+from rpc.tls_files import TlsFiles
 
 log = structlog.get_logger(__name__)
 

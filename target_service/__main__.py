@@ -12,7 +12,7 @@ from protos.ssd.v1 import target_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
-from rpc.tls import TlsConfigError
+from rpc.tls_files import TlsConfigError
 from ssd.config import EngineConfig, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine

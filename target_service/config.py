@@ -4,7 +4,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from rpc.tls import TlsFiles, add_tls_flags, tls_from_args
+from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
 from ssd.errors import InvalidRequestError

@@ -25,7 +25,8 @@ import torch
 
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
-from rpc.tls import TlsFiles, sync_channel
+from rpc.tls import sync_channel
+from rpc.tls_files import TlsFiles
 from ssd.config import SsdConfig
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation

@@ -8,7 +8,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rpc.server import GrpcServer, PortInUseError, check_port_free
-from rpc.tls import TlsFiles, aio_channel
+from rpc.tls import aio_channel
+from rpc.tls_files import TlsFiles
 from tests.certificates import write_certificates
 
 
@@ -75,7 +76,7 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(tmp_pat
 
 
 def test_half_a_key_pair_is_refused():
-    from rpc.tls import TlsConfigError
+    from rpc.tls_files import TlsConfigError
 
     with pytest.raises(TlsConfigError):
         TlsFiles(cert=__file__)
