@@ -18,6 +18,7 @@ from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
+from target_service.admission import AdmissionLimits
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
@@ -59,7 +60,8 @@ async def serve(config: TargetServiceConfig) -> None:
     if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
         threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     dead = asyncio.Event()
-    engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set)
+    admission = AdmissionLimits(config.max_num_seqs + config.max_waiting_seqs, config.max_queued_tokens)
+    engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set, admission=admission)
     servicer = VerifierServicer(config, engine_loop, proposer)
     spec = ServiceSpec("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls)
