@@ -141,7 +141,8 @@ class ChaosRow:
     num_failed_clean: int
     num_lost: int
     errors: list[str]
-    recovery_s: float | None  # kill -> the next request served (supervisor restart included)
+    restart_s: float | None  # kill -> the supervisor's new process of that kind is running
+    recovery_s: float | None  # kill -> the next request served after the streams ended
 
 
 def wait_served(c: openai.OpenAI, timeout_s: float) -> bool:
@@ -172,10 +173,16 @@ def kill_under_load(serve: Serve, kind: str, expected: dict[str, str], num_strea
     os.kill(victims[0], signal.SIGKILL)
     killed_at = time.monotonic()
     in_flight = sum(not r.done.is_set() for r in results)
+    restarted: list[float] = []
+    watcher = threading.Thread(target=_wait_replaced, args=(serve, kind, victims, restarted, recovery_timeout_s),
+                               daemon=True)
+    watcher.start()
     for r in results:
         r.done.wait(max(0.0, killed_at + stream_timeout_s - time.monotonic()))
+    watcher.join(recovery_timeout_s)
     recovered = wait_served(c, recovery_timeout_s)
-    row = ChaosRow(kind, in_flight, 0, 0, 0, 0, [], time.monotonic() - killed_at if recovered else None)
+    row = ChaosRow(kind, in_flight, 0, 0, 0, 0, [], restarted[0] - killed_at if restarted else None,
+                   time.monotonic() - killed_at if recovered else None)
     for prompt, r in zip(prompts, results, strict=True):
         if not r.done.is_set():
             row.num_lost += 1
@@ -189,14 +196,28 @@ def kill_under_load(serve: Serve, kind: str, expected: dict[str, str], num_strea
     return row
 
 
+def _wait_replaced(serve: Serve, kind: str, old: list[int], out: list[float], timeout_s: float) -> None:
+    """Append the time at which a process of `kind` that is not one of `old` runs under the supervisor."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if set(serve.children().get(kind, [])) - set(old):
+            out.append(time.monotonic())
+            return
+        time.sleep(0.05)
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "never"
+
+
 def table(rows: list[ChaosRow]) -> str:
     lines = ["| killed | in flight at the kill | completed identical | completed different | failed cleanly "
-             "| lost | recovery (s) |", "|---|---|---|---|---|---|---|"]
+             "| lost | restarted after (s) | next request served after (s) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         errors = f" ({', '.join(sorted(set(r.errors)))})" if r.errors else ""
-        recovery = f"{r.recovery_s:.1f}" if r.recovery_s is not None else "not recovered"
         lines.append(f"| {r.killed} | {r.num_in_flight} | {r.num_identical} | {r.num_different} | "
-                     f"{r.num_failed_clean}{errors} | {r.num_lost} | {recovery} |")
+                     f"{r.num_failed_clean}{errors} | {r.num_lost} | {_seconds(r.restart_s)} | "
+                     f"{_seconds(r.recovery_s)} |")
     return "\n".join(lines)
 
 
@@ -216,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         code = serve.stop()
     sys.stdout.write(f"{table(rows)}\n\nssd serve exited {code} after SIGTERM; logs in {a.log_dir}\n")
-    return 0 if all(r.num_lost == 0 and r.num_different == 0 and r.recovery_s is not None for r in rows) else 1
+    ok = all(r.num_lost == 0 and r.num_different == 0 and r.restart_s is not None and r.recovery_s is not None
+             for r in rows)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
