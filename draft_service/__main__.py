@@ -29,7 +29,8 @@ async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
         threading.Thread(target=draft.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     servicer = SpeculatorServicer(draft, config.draft, session_limits(config, draft))
     spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
-    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls)
+    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
+                        is_internal=True)
 
     async def on_stop() -> None:
         await servicer.close()

@@ -57,7 +57,7 @@ class ServiceSpec:
 
 class GrpcServer:
     def __init__(self, services: Sequence[ServiceSpec], address: str, status_table: StatusTable,
-                 grace_s: float = 10.0, tls: TlsFiles | None = None) -> None:
+                 grace_s: float = 10.0, tls: TlsFiles | None = None, is_internal: bool = False) -> None:
         self.services = list(services)
         self.address = address
         self.grace_s = grace_s
@@ -69,12 +69,13 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [s.name for s in self.services]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self._bind(address, tls)
+        self.port = self._bind(address, tls, is_internal)
         self._stopping = asyncio.Event()
 
-    def _bind(self, address: str, tls: TlsFiles | None) -> int:
+    def _bind(self, address: str, tls: TlsFiles | None, is_internal: bool) -> int:
+        """`is_internal`: a model service (no auth of its own), warned about when reachable without TLS."""
         is_tls = tls is not None and tls.is_server_tls
-        if not is_tls and not is_loopback(address):
+        if is_internal and not is_tls and not is_loopback(address):
             log.warning("serving plaintext gRPC beyond localhost: anyone who reaches this port can call it; "
                         "give the service --tls-cert / --tls-key / --tls-ca", address=address)
         try:

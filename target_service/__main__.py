@@ -64,7 +64,8 @@ async def serve(config: TargetServiceConfig) -> None:
     engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set, admission=admission)
     servicer = VerifierServicer(config, engine_loop, proposer)
     spec = ServiceSpec("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
-    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls)
+    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
+                        is_internal=True)
 
     async def stop_when_dead() -> None:
         await dead.wait()

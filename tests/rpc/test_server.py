@@ -80,3 +80,20 @@ def test_half_a_key_pair_is_refused():
 
     with pytest.raises(TlsConfigError):
         TlsFiles(cert=__file__)
+
+
+def test_a_model_service_bound_beyond_loopback_without_tls_is_warned_about():
+    from structlog.testing import capture_logs
+
+    from rpc.tls import is_loopback
+
+    assert is_loopback("127.0.0.1:1") and is_loopback("localhost:1") and is_loopback("[::1]:1")
+    assert not is_loopback("0.0.0.0:1") and not is_loopback("[::]:1") and not is_loopback("example.org:1")
+
+    async def bind(address: str) -> list[str]:
+        with capture_logs() as logs:
+            GrpcServer([], address, {}, is_internal=True)
+        return [e["event"] for e in logs if e["log_level"] == "warning"]
+
+    assert asyncio.run(bind("127.0.0.1:0")) == []
+    assert any("plaintext" in event for event in asyncio.run(bind("0.0.0.0:0")))
