@@ -192,8 +192,8 @@ class Session:
                 continue
             try:
                 ready.append((p.seq_id, self._prefill(p)))
-            except (InvalidRequestError, ResourceExhaustedError) as e:  # the sequence is not registered
-                self.seqs.pop(p.seq_id, None)
+            except (InvalidRequestError, ResourceExhaustedError) as e:  # refused: no state is kept for its id
+                self.release([p.seq_id])
                 out.errors.add(seq_id=p.seq_id, code=_code(e), message=str(e))
         for o in round_.outcomes:
             if o.seq_id not in self.seqs:
