@@ -210,7 +210,9 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
         for i in range(config.num_targets):
             start_target(stack, i, _take(next_core, config.tensor_parallel_size))
         start_gateway(stack)
-        wait_healthy(stack.children, timeout_s, config.tls)
+        services = [c for c in stack.children if c.name != "gateway"]
+        wait_healthy(services, timeout_s, config.tls)  # over TLS when the stack has it
+        wait_healthy([c for c in stack.children if c.name == "gateway"], timeout_s)  # the public API: plaintext
         _wait_http(stack.url + "/health", timeout_s)
     except BaseException:
         stop_stack(stack)
