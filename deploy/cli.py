@@ -10,10 +10,11 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags
+from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
 from ssd.cli_flags import add_dtype_flag
 from ssd.model_store import DEFAULT_DRAFT
 
@@ -69,13 +70,12 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
 def _tls(args: argparse.Namespace) -> TlsFiles:
     """The TLS files for every hop; a half-given pair exits with one line."""
     try:
-        return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, client_cert=args.tls_client_cert,
-                        client_key=args.tls_client_key)
+        return tls_files(args)
     except TlsConfigError as e:
         raise SystemExit(f"ssd serve: {e}") from e
 
 
-def api_key(args: argparse.Namespace, env: dict[str, str] | os._Environ) -> str | None:
+def api_key(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     """--api-key-file's first line, else --api-key, else SSD_API_KEY; None = authentication off."""
     if args.api_key_file is not None:
         try:

@@ -64,10 +64,15 @@ def add_tls_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                    help="its key (default: --tls-key)")
 
 
+def tls_files(a: argparse.Namespace) -> TlsFiles:
+    """The files `add_tls_flags` named; TlsConfigError for a half-given pair."""
+    return TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca, client_cert=a.tls_client_cert,
+                    client_key=a.tls_client_key)
+
+
 def tls_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> TlsFiles:
-    """The files `add_tls_flags` named; a half-given pair exits with the usage line."""
+    """`tls_files`; a half-given pair exits with the usage line."""
     try:
-        return TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca, client_cert=a.tls_client_cert,
-                        client_key=a.tls_client_key)
+        return tls_files(a)
     except TlsConfigError as e:
         p.error(str(e))
