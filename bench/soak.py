@@ -25,6 +25,7 @@ from bench.chaos import PROMPTS, Serve, StreamResult, client, run_stream, start_
 from protos.ssd.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 from rpc.shared_memory import live_segments
 
+_SEGMENT = re.compile(r"/dev/shm/(ssd-[0-9a-f]{16})")  # rpc/shared_memory.py's segment names
 _STARTED = re.compile(r"address=(\S+).*pid=(\d+).*service=(\S+)")
 
 
@@ -37,14 +38,15 @@ def service_addresses(serve_out: Path) -> dict[str, str]:
     return out
 
 
-def _proc_figures(pid: int) -> tuple[int, int]:
-    """(RSS in KiB, open fds) of a live process; (0, 0) if it is gone."""
+def _proc_figures(pid: int) -> tuple[int, int, int]:
+    """(RSS in KiB, open fds, /dev/shm tensor segments mapped) of a live process; zeros if it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
-        return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
+        segments = set(_SEGMENT.findall(Path(f"/proc/{pid}/maps").read_text()))
+        return rss, len(list(Path(f"/proc/{pid}/fd").iterdir())), len(segments)
     except (OSError, AttributeError):
-        return 0, 0
+        return 0, 0, 0
 
 
 def _kv_used(name: str, address: str) -> int:
@@ -57,12 +59,14 @@ def _kv_used(name: str, address: str) -> int:
 
 
 def sample(serve: Serve, addresses: dict[str, str]) -> dict[str, float]:
-    row: dict[str, float] = {"t_s": time.monotonic(), "shm_segments": len(live_segments())}
+    # node-wide segments count other users' too (other stacks on this machine); per process: only ours
+    row: dict[str, float] = {"t_s": time.monotonic(), "node_shm_segments": len(live_segments())}
     for kind, pids in serve.children().items():
         for i, pid in enumerate(sorted(pids)):
-            rss, fds = _proc_figures(pid)
+            rss, fds, segments = _proc_figures(pid)
             row[f"{kind}{i}_rss_mib"] = round(rss / 1024, 1)
             row[f"{kind}{i}_fds"] = fds
+            row[f"{kind}{i}_shm_mapped"] = segments
     for name, address in addresses.items():
         if name != "gateway":
             row[f"{name}_kv_used"] = _kv_used(name, address)
