@@ -23,10 +23,11 @@ class SessionLimits:
     max_fan_out_budget: int = 64  # SSD bonus-token guesses per sequence and round
     max_sequences: int = 256  # sequences one session holds (and one round names) at most
     max_model_len: int = 8192  # committed tokens per sequence (the draft model's positions)
+    max_round_tokens: int = 1 << 18  # new tokens (prefills + outcomes) one round carries: bounds one round's work
 
     def __post_init__(self) -> None:
         values = (self.max_speculative_tokens, self.max_tree_budget, self.max_tree_top_k, self.max_fan_out_budget,
-                  self.max_sequences, self.max_model_len)
+                  self.max_sequences, self.max_model_len, self.max_round_tokens)
         if min(values) < 1:
             raise InvalidRequestError(f"session limits must be >= 1, got {self}")
 
@@ -50,6 +51,9 @@ def check_round(round_: draft_pb2.Round, limits: SessionLimits) -> None:
     named = len(round_.prefills) + len(round_.outcomes)
     if named > limits.max_sequences:
         raise InvalidRequestError(f"a session holds at most {limits.max_sequences} sequences; this round names {named}")
+    tokens = sum(len(p.token_ids) for p in round_.prefills) + sum(len(o.new_token_ids) for o in round_.outcomes)
+    if tokens > limits.max_round_tokens:
+        raise InvalidRequestError(f"a round carries at most {limits.max_round_tokens} new tokens, this one {tokens}")
 
 
 def check_tokens(token_ids: Sequence[int], vocab_size: int, limits: SessionLimits, total_len: int) -> None:

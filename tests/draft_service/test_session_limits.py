@@ -28,9 +28,11 @@ def session(**limits) -> Session:  # noqa: ANN003
     draft_pb2.Round(num_speculative_tokens=2, prefills=[GOOD], tree=draft_pb2.TreeShape(budget=8, depth=10**6, top_k=2)),
     draft_pb2.Round(num_speculative_tokens=2, prefills=[GOOD], ssd=draft_pb2.SsdOptions(fan_out_budget=10**6)),
     draft_pb2.Round(num_speculative_tokens=2, prefills=[draft_pb2.Prefill(seq_id=i, token_ids=[1]) for i in range(9)]),
+    draft_pb2.Round(num_speculative_tokens=2, prefills=[draft_pb2.Prefill(seq_id=i, token_ids=[1] * 60)
+                                                        for i in range(3)]),  # 180 tokens > 128
 ])
 def test_a_round_past_the_limits_is_refused_before_any_state_changes(round_):
-    s = session(max_sequences=8)
+    s = session(max_sequences=8, max_round_tokens=128)
     with pytest.raises(InvalidRequestError):
         s.answer(round_)
     assert not s.seqs
