@@ -196,6 +196,24 @@ def kill_under_load(serve: Serve, kind: str, expected: dict[str, str], num_strea
     return row
 
 
+def stop_under_load(serve: Serve, expected: dict[str, str], num_streams: int, max_tokens: int,
+                    timeout_s: float = 120.0) -> tuple[int, list[StreamResult]]:
+    """SIGTERM the supervisor while streams run: (its exit code, the streams). Each child drains within its
+    grace period, so streams that end within it complete."""
+    c = client(serve.url)
+    prompts = [list(expected)[i % len(expected)] for i in range(num_streams)]
+    results = [StreamResult() for _ in prompts]
+    for prompt, r in zip(prompts, results, strict=True):
+        threading.Thread(target=run_stream, args=(c, prompt, max_tokens, r), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not all(r.num_chunks >= 1 or r.done.is_set() for r in results) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    code = serve.stop()
+    for r in results:
+        r.done.wait(timeout_s)
+    return code, results
+
+
 def _wait_replaced(serve: Serve, kind: str, old: list[int], out: list[float], timeout_s: float) -> None:
     """Append the time at which a process of `kind` that is not one of `old` runs under the supervisor."""
     deadline = time.monotonic() + timeout_s
