@@ -1,12 +1,20 @@
-"""`ssd serve`: flags -> StackConfig, start the stack, print how to call it, stop on Ctrl-C / SIGTERM."""
+"""`ssd serve`: flags -> StackConfig, start the stack, print how to call it, supervise it (a child that exits is
+restarted), stop on Ctrl-C / SIGTERM (each child drains its in-flight requests within its grace period).
+
+The API key comes from a file (--api-key-file) or the environment (SSD_API_KEY) so it never shows in `ps`;
+the banner masks it.
+"""
 
 import argparse
+import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
 from ssd.cli_flags import add_dtype_flag
 from ssd.model_store import DEFAULT_DRAFT
 
@@ -37,7 +45,11 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--default-mode", default="sd", choices=["ar", "sd", "ssd"],
                    help="mode of requests that name none (ssd: the draft answers from its speculation cache; "
                         "needs a neural --draft, an n-gram draft serves it as sd)")
-    s.add_argument("--api-key", default=None, help="require this bearer key (default: auth off, local only)")
+    s.add_argument("--api-key", default=None,
+                   help="require this bearer key (visible in `ps`: prefer --api-key-file or SSD_API_KEY)")
+    s.add_argument("--api-key-file", type=Path, default=None,
+                   help="require the bearer key in this file (its first line); default: SSD_API_KEY, else auth off")
+    add_tls_flags(s, os.environ)
     s.add_argument("--log-dir", type=Path, default=None, help="write each service's log there")
     s.set_defaults(func=run_serve)
 
@@ -51,30 +63,72 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
                        tensor_parallel_size=args.tensor_parallel_size,
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
-                       default_mode=args.default_mode, api_key=args.api_key, log_dir=args.log_dir)
+                       default_mode=args.default_mode, api_key=api_key(args, os.environ), log_dir=args.log_dir,
+                       tls=_tls(args))
+
+
+def _tls(args: argparse.Namespace) -> TlsFiles:
+    """The TLS files for every hop; a half-given pair exits with one line."""
+    try:
+        return tls_files(args)
+    except TlsConfigError as e:
+        raise SystemExit(f"ssd serve: {e}") from e
+
+
+def api_key(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """--api-key-file's first line, else --api-key, else SSD_API_KEY; None = authentication off."""
+    if args.api_key_file is not None:
+        try:
+            lines = [line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()]
+        except OSError as e:
+            raise SystemExit(f"ssd serve: cannot read --api-key-file {args.api_key_file}: {e.strerror}") from e
+        if not lines:
+            raise SystemExit(f"ssd serve: --api-key-file {args.api_key_file} is empty")
+        return lines[0]
+    return args.api_key or env.get("SSD_API_KEY") or None
+
+
+def masked(key: str) -> str:
+    """What the banner shows of a key: its first 4 characters at most."""
+    return key[:4] + "..." if len(key) > 8 else "***"
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from deploy.local import start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
+    from deploy.supervisor import Supervisor  # noqa: PLC0415
+    from rpc.server import PortInUseError  # noqa: PLC0415
 
     config = stack_config(args)
+    if args.api_key is not None:
+        sys.stderr.write("ssd serve: warning: --api-key is visible to every user in `ps`; use --api-key-file or "
+                         "SSD_API_KEY\n")
+    if config.api_key is None:
+        sys.stderr.write("ssd serve: warning: authentication is OFF (no --api-key-file / SSD_API_KEY): anyone who "
+                         f"reaches {config.host}:{config.http_port} can use the API\n")
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stack = start_stack(config)
-    auth = f' -H "Authorization: Bearer {args.api_key}"' if args.api_key else ""
-    sys.stdout.write(
-        f"\nssd-serve is up: {stack.url}  (gRPC ssd.v1.Generation on {stack.grpc_address})\n\n"
-        f"  curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-        f"    -d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}], "
-        f"\"max_tokens\": 32}}'\n\nCtrl-C stops it.\n")
+    try:
+        stack = start_stack(config)
+    except (PortInUseError, RuntimeError, TimeoutError) as e:  # one clear line, a non-zero exit
+        sys.stderr.write(f"ssd serve: cannot start: {e}\n")
+        return 1
+    sys.stdout.write(banner(stack.url, stack.grpc_address, args.model, config.api_key))
     sys.stdout.flush()
     try:
-        while not stop.is_set() and all(c.proc.poll() is None for c in stack.children):
-            stop.wait(0.5)
+        Supervisor(stack).run(stop)
     except KeyboardInterrupt:
         pass
     finally:
         stop_stack(stack)
     return 0
+
+
+def banner(url: str, grpc_address: str, model: str, key: str | None) -> str:
+    """How to call the stack; the key masked (the caller has it)."""
+    auth = f' -H "Authorization: Bearer {masked(key)}"' if key else ""
+    return (f"\nssd-serve is up: {url}  (gRPC ssd.v1.Generation on {grpc_address})\n\n"
+            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}], "
+            f"\"max_tokens\": 32}}'\n\nA service that exits is restarted. Ctrl-C stops it.\n")

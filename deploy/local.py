@@ -1,7 +1,8 @@
 """`ssd serve`: start draft, target(s) and gateway as processes on localhost, wait until healthy, stop cleanly.
 
 On CPU each model service is pinned to a core of its own (os.sched_setaffinity) with one torch
-thread. Children are stopped by their pids (SIGTERM, then SIGKILL after a grace period).
+thread. Children are stopped by their pids (SIGTERM, then SIGKILL after a grace period). Each Child
+keeps how it was started, so deploy/supervisor.py can start it again on the same address.
 """
 
 import itertools
@@ -18,6 +19,10 @@ from pathlib import Path
 import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rpc.server import check_port_free
+from rpc.tls import sync_channel
+from rpc.tls_files import TlsFiles
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +60,7 @@ class StackConfig:
     log_dir: Path | None = None  # service logs; None = inherit stderr
     draft_timeout_s: float = 5.0
     health_interval_s: float = 0.5  # gateway's target polling period
+    tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
 
 
 @dataclass
@@ -62,6 +68,12 @@ class Child:
     name: str
     proc: subprocess.Popen
     address: str  # gRPC host:port (health)
+    args: list[str] = field(default_factory=list)  # `python -m` arguments it was started with
+    core: int | tuple[int, ...] | None = None
+    log_dir: Path | None = None
+    extra_env: dict[str, str] | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    num_restarts: int = 0
 
 
 @dataclass
@@ -87,17 +99,35 @@ def _cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def spawn(name: str, args: list[str], address: str, core: int | tuple[int, ...] | None, log_dir: Path | None,
-          extra_env: dict[str, str] | None = None) -> Child:
-    """Start `python -m <args>`; pin it to `core` (or cores) when given (model services also get --threads 1)."""
+def _popen(name: str, args: list[str], core: int | tuple[int, ...] | None, log_dir: Path | None,
+           extra_env: dict[str, str] | None) -> subprocess.Popen:
     out = open(log_dir / f"{name}.log", "ab") if log_dir is not None else None  # noqa: SIM115 - owned by the child
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     cores = {core} if isinstance(core, int) else set(core or ())
     preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT if out else None,
-                            env=env, preexec_fn=preexec, start_new_session=True)
+    try:
+        return subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT if out else None,
+                                env=env, preexec_fn=preexec, start_new_session=True)
+    finally:
+        if out is not None:
+            out.close()  # the child has its own descriptor
+
+
+def spawn(name: str, args: list[str], address: str, core: int | tuple[int, ...] | None, log_dir: Path | None,
+          extra_env: dict[str, str] | None = None) -> Child:
+    """Start `python -m <args>`; pin it to `core` (or cores) when given (model services also get --threads 1)."""
+    proc = _popen(name, args, core, log_dir, extra_env)
     log.info("started", service=name, pid=proc.pid, address=address, core=core)
-    return Child(name, proc, address)
+    return Child(name, proc, address, list(args), core, log_dir, extra_env)
+
+
+def respawn(child: Child) -> None:
+    """Start an exited child again, the same way and on the same address (its peers reconnect to it)."""
+    child.proc = _popen(child.name, child.args, child.core, child.log_dir, child.extra_env)
+    child.started_at = time.monotonic()
+    child.num_restarts += 1
+    log.info("restarted", service=child.name, pid=child.proc.pid, address=child.address,
+             num_restarts=child.num_restarts)
 
 
 def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Child:
@@ -105,7 +135,7 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
     c = stack.config
     stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
     args = ["draft_service", "--draft", c.draft, "--address", stack.draft_address, "--dtype", c.dtype,
-            "--device", c.device, "--threads", "1"]
+            "--device", c.device, "--threads", "1", *c.tls.as_args()]
     if c.draft != "ngram":
         args += ["--target-model", c.model]
     child = spawn("draft", args, stack.draft_address, core, c.log_dir)
@@ -121,7 +151,7 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
             "--tensor-parallel-size", str(c.tensor_parallel_size),
             "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
-            "--draft-timeout-s", str(c.draft_timeout_s)]
+            "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args()]
     if stack.draft_address:
         args += ["--draft-address", stack.draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir)
@@ -133,7 +163,7 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
 def start_gateway(stack: Stack) -> Child:
     c = stack.config
     args = ["gateway", "--http-address", f"{c.host}:{c.http_port}", "--grpc-address", f"{c.host}:{c.grpc_port}",
-            "--health-interval-s", str(c.health_interval_s)]
+            "--health-interval-s", str(c.health_interval_s), *c.tls.as_args()]
     for address in stack.target_addresses:
         args += ["--target", address]
     if c.api_key is None:
@@ -144,8 +174,8 @@ def start_gateway(stack: Stack) -> Child:
     return child
 
 
-def is_serving(address: str, timeout_s: float = 1.0) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def is_serving(address: str, timeout_s: float = 1.0, tls: TlsFiles | None = None) -> bool:
+    with sync_channel(address, tls) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         except grpc.RpcError:
@@ -153,14 +183,14 @@ def is_serving(address: str, timeout_s: float = 1.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def wait_healthy(children: list[Child], timeout_s: float) -> None:
+def wait_healthy(children: list[Child], timeout_s: float, tls: TlsFiles | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     pending = list(children)
     while pending:
         for child in list(pending):
             if child.proc.poll() is not None:
                 raise RuntimeError(f"{child.name} exited with code {child.proc.returncode} while starting")
-            if is_serving(child.address):
+            if is_serving(child.address, tls=tls):
                 pending.remove(child)
         if pending and time.monotonic() > deadline:
             raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {[c.name for c in pending]}")
@@ -169,6 +199,8 @@ def wait_healthy(children: list[Child], timeout_s: float) -> None:
 
 def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     """Start every service and return once all report SERVING (and the gateway sees a target)."""
+    for port in (config.http_port, config.grpc_port):  # the gateway's public ports: fail now, in one line
+        check_port_free(f"{config.host}:{port}")
     stack = Stack(config)
     cores = _cores() if config.device == "cpu" else []  # on a GPU the services are not pinned
     next_core = iter(cores if len(cores) > 1 else [])
@@ -178,7 +210,9 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
         for i in range(config.num_targets):
             start_target(stack, i, _take(next_core, config.tensor_parallel_size))
         start_gateway(stack)
-        wait_healthy(stack.children, timeout_s)
+        services = [c for c in stack.children if c.name != "gateway"]
+        wait_healthy(services, timeout_s, config.tls)  # over TLS when the stack has it
+        wait_healthy([c for c in stack.children if c.name == "gateway"], timeout_s)  # the public API: plaintext
         _wait_http(stack.url + "/health", timeout_s)
     except BaseException:
         stop_stack(stack)

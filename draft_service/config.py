@@ -5,8 +5,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag
-from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, SsdConfig
+from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, MAX_LOOKAHEAD, SsdConfig
 from ssd.errors import InvalidRequestError
 
 
@@ -23,6 +24,11 @@ class DraftServiceConfig:
     ngram_max: int = 3  # n-gram proposer: longest tail matched (also the SSD fast backup)
     ssd: SsdConfig = field(default_factory=SsdConfig)  # SSD defaults (a neural draft); a Round's SsdOptions override
     grace_s: float = 5.0  # drain time on SIGTERM
+    # what a session's peer may ask (draft_service/limits.py); past these a round or a sequence is refused
+    max_speculative_tokens: int = MAX_LOOKAHEAD  # lookahead K per round
+    max_session_sequences: int = 256  # sequences one session holds
+    max_model_len: int | None = None  # tokens per sequence; None = the draft model's positions
+    tls: TlsFiles = field(default_factory=TlsFiles)  # server certificate; with a CA, targets must present one
     log_level: str = "info"
     log_json: bool = True
 
@@ -31,6 +37,8 @@ class DraftServiceConfig:
             raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.num_threads < 1 or self.kv_cache_memory_mb < 1 or self.block_size < 1:
             raise InvalidRequestError("threads, KV memory and block size must be >= 1")
+        if self.max_speculative_tokens < 1 or self.max_session_sequences < 1 or (self.max_model_len or 1) < 1:
+            raise InvalidRequestError("session limits (max K, sequences, model length) must be >= 1")
         if self.ssd.backup_max_neural_batch < 0:
             raise InvalidRequestError(f"backup max neural batch must be >= 0, got {self.ssd.backup_max_neural_batch}")
 
@@ -47,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))
     add_ssd_flags(p, env)
+    add_limit_flags(p, env)
+    add_tls_flags(p, env)
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
@@ -56,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
         return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
                                   device=a.device,
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
+                                  max_speculative_tokens=a.max_speculative_tokens,
+                                  max_session_sequences=a.max_session_sequences, max_model_len=a.max_model_len,
+                                  tls=tls_from_args(p, a),
                                   log_level=a.log_level, log_json=not a.log_text)
     except InvalidRequestError as e:
         p.error(str(e))  # exits 2 with the usage line
@@ -75,3 +88,15 @@ def add_ssd_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                    help="auto backup: neural up to this batch size, fast above")
     g.add_argument("--saguaro-c", type=float, default=float(env.get("SSD_DRAFT_SAGUARO_C", "1.0")),
                    help="Saguaro sampling constant C in (0, 1]; 1 = plain sampling")
+
+
+def add_limit_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """What one session's peer may ask; a round past them is refused with INVALID_ARGUMENT."""
+    g = p.add_argument_group("session limits (the draft trusts no target)")
+    g.add_argument("--max-speculative-tokens", type=int,
+                   default=int(env.get("SSD_DRAFT_MAX_SPECULATIVE_TOKENS", str(MAX_LOOKAHEAD))),
+                   help="lookahead K a round may ask for at most")
+    g.add_argument("--max-session-sequences", type=int, default=int(env.get("SSD_DRAFT_MAX_SESSION_SEQUENCES", "256")),
+                   help="sequences one session may hold at once")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="tokens per sequence at most (default: the draft model's positions)")

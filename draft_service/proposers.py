@@ -42,6 +42,7 @@ class ServiceDraft:
     ssd: SsdSpeculator | None = None  # wraps `proposer` for SSD sequences (neural drafts); None = plain SD only
     device: torch.device = torch.device("cpu")  # where the draft's model lives (features are decoded there)
     grammars: GrammarCompiler | None = None  # compiles a Prefill's grammar; None = drafts ignore grammars
+    max_model_len: int = 0  # positions the draft's model has (a sequence's length limit); 0 = none (n-gram)
 
 
 def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
@@ -52,10 +53,11 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     if is_eagle3_folder(path):
         draft = build_eagle3(path, config)
     else:
-        vocab = load_model_config(path).vocab_size
-        draft = ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
+        model = load_model_config(path)
+        draft = ServiceDraft(DraftModelProposer(path, config.dtype, model.vocab_size, block_size=config.block_size,
                                                 kv_cache_memory_mb=config.kv_cache_memory_mb, device=device),
-                             vocab, device=device, grammars=grammar_compiler(path))
+                             model.vocab_size, device=device, grammars=grammar_compiler(path),
+                             max_model_len=model.max_position_embeddings)
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
     log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
              backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
@@ -91,7 +93,8 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
     return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device),
-                        grammars=grammar_compiler(target))  # a head drafts in its target's vocabulary
+                        grammars=grammar_compiler(target),  # a head drafts in its target's vocabulary
+                        max_model_len=target_config.max_position_embeddings)
 
 
 def load_target_embedding(folder: Path) -> torch.Tensor:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import structlog
 from grpc import aio
 
+from draft_service.limits import SessionLimits
 from draft_service.proposers import ServiceDraft
 from draft_service.session import RoundResult, Session
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -25,8 +26,9 @@ log = structlog.get_logger(__name__)
 
 
 class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
-    def __init__(self, draft: ServiceDraft, draft_name: str) -> None:
+    def __init__(self, draft: ServiceDraft, draft_name: str, limits: SessionLimits | None = None) -> None:
         self.draft = draft
+        self.limits = limits or SessionLimits()  # what a session's peer may ask (draft_service/limits.py)
         self.proposer = draft.proposer
         self.ssd = draft.ssd  # the SsdSpeculator over the same neural draft; None for n-gram
         self.draft_name = draft_name
@@ -50,7 +52,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                       context: aio.ServicerContext) -> AsyncIterator[draft_pb2.SessionResponse]:
         key = uuid.uuid4().hex
         session = Session(self.proposer, target_id="unknown", feature_width=self.draft.feature_width, ssd=self.ssd,
-                          device=self.draft.device, grammars=self.draft.grammars)
+                          device=self.draft.device, grammars=self.draft.grammars, vocab_size=self.vocab_size,
+                          limits=self.limits)
         self.sessions[key] = session
         context.add_done_callback(lambda _: self._end_session(key))
         bound = log.bind(session=key[:8])
@@ -65,6 +68,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                         yield error
                         continue
                     hello = msg.hello
+                    session.vocab_size = self.vocab_size or max(0, hello.vocab_size)  # n-gram: the target's
                     transport = session.tensors.accept(
                         list(hello.transports), hello.shm_probe if hello.HasField("shm_probe") else None,
                         hello.cuda_probe if hello.HasField("cuda_probe") else None)

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import structlog
 import torch
 
+from draft_service.limits import SessionLimits, check_feature_rows, check_round, check_tokens
 from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
 from ssd.config import TreeShape
-from ssd.errors import InvalidRequestError
+from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
 from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.speculation import Speculation
@@ -30,6 +31,7 @@ from tensor_transport import torch_tensors
 
 log = structlog.get_logger(__name__)
 
+MAX_TEMPERATURE = 100.0  # a draft temperature past it is a malformed Prefill
 _internal_ids = itertools.count(1)  # service-wide proposer ids (a plain counter; no import-time work)
 
 
@@ -69,11 +71,19 @@ class DraftSequence:
 def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors,
                   device: torch.device) -> torch.Tensor:
     """[n, width] target features off the wire (float32 or bfloat16; inline, shared memory or CUDA IPC),
-    on the draft's `device`."""
+    on the draft's `device`. A malformed tensor (shape, dtype, byte count, handle) is InvalidRequestError."""
     if tensor.dtype not in ("float32", "bfloat16") or len(tensor.shape) != 2 or tensor.shape[1] != width:
-        raise ValueError(f"target features must be [n, {width}] float32 or bfloat16, "
-                         f"got {list(tensor.shape)} {tensor.dtype}")
-    return torch_tensors.decode(tensors, tensor, device)
+        raise InvalidRequestError(f"target features must be [n, {width}] float32 or bfloat16, "
+                                  f"got {list(tensor.shape)} {tensor.dtype}")
+    if tensor.WhichOneof("data") == "inline_bytes":
+        expected = tensor.shape[0] * width * (4 if tensor.dtype == "float32" else 2)
+        if len(tensor.inline_bytes) != expected:
+            raise InvalidRequestError(f"target features {list(tensor.shape)} {tensor.dtype} need {expected} bytes, "
+                                      f"got {len(tensor.inline_bytes)}")
+    try:
+        return torch_tensors.decode(tensors, tensor, device)
+    except (ValueError, OSError) as e:  # a handle that does not open or points past its segment
+        raise InvalidRequestError(f"target features cannot be read: {e}") from e
 
 
 @dataclass
@@ -87,8 +97,11 @@ class Session:
 
     def __init__(self, proposer: Proposer, target_id: str, feature_width: int = 0,
                  ssd: SsdSpeculator | None = None, device: torch.device | None = None,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None, vocab_size: int = 0,
+                 limits: SessionLimits | None = None) -> None:
         self.proposer = proposer
+        self.vocab_size = vocab_size  # token ids must be below it; 0 = any id >= 0 (n-gram, until Hello names one)
+        self.limits = limits or SessionLimits()
         self.grammars = grammars  # None: grammars in Prefills are ignored (drafts propose unconstrained)
         self.ssd = ssd
         self.target_id = target_id
@@ -106,10 +119,17 @@ class Session:
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
-            seq.add_features(msg.features_start, features_from(msg.features, self.feature_width, self.tensors,
-                                                                         self.device))
+            features = features_from(msg.features, self.feature_width, self.tensors, self.device)  # [n, F]
+            check_feature_rows(len(features), msg.features_start, len(seq.token_ids))
+            seq.add_features(msg.features_start, features)
 
     def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
+        """A new sequence; InvalidRequestError / ResourceExhaustedError refuse it (nothing is registered)."""
+        check_tokens(p.token_ids, self.vocab_size, self.limits, len(p.token_ids))
+        if not 0.0 <= p.temperature <= MAX_TEMPERATURE:  # also refuses NaN
+            raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {p.temperature}")
+        if p.seq_id not in self.seqs and len(self.seqs) >= self.limits.max_sequences:
+            raise ResourceExhaustedError(f"this session already holds {len(self.seqs)} sequences, its limit")
         old = self.seqs.pop(p.seq_id, None)
         if old is not None:
             self._proposer_of(old).release(old.internal_id)
@@ -151,8 +171,9 @@ class Session:
         if seq is None:
             raise KeyError(f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
         if not 0 <= o.num_committed_before <= len(seq.token_ids):
-            raise ValueError(f"sequence {o.seq_id}: num_committed_before {o.num_committed_before} "
-                             f"is past the {len(seq.token_ids)} tokens the draft holds")
+            raise InvalidRequestError(f"sequence {o.seq_id}: num_committed_before {o.num_committed_before} "
+                                      f"is past the {len(seq.token_ids)} tokens the draft holds")
+        check_tokens(o.new_token_ids, self.vocab_size, self.limits, o.num_committed_before + len(o.new_token_ids))
         if seq.grammar is not None and o.num_committed_before < len(seq.token_ids):
             seq.grammar = None  # its matcher cannot step back over dropped tokens: draft on without it
         del seq.token_ids[o.num_committed_before :]
@@ -171,14 +192,17 @@ class Session:
                 continue
             try:
                 ready.append((p.seq_id, self._prefill(p)))
-            except ValueError as e:  # malformed features: the sequence is not registered
-                out.errors.add(seq_id=p.seq_id, code="INVALID_ARGUMENT", message=str(e))
+            except (InvalidRequestError, ResourceExhaustedError) as e:  # refused: no state is kept for its id
+                self.release([p.seq_id])
+                out.errors.add(seq_id=p.seq_id, code=_code(e), message=str(e))
         for o in round_.outcomes:
+            if o.seq_id not in self.seqs:
+                out.errors.add(seq_id=o.seq_id, code="NOT_FOUND",
+                               message=f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
+                continue
             try:
                 ready.append((o.seq_id, self._outcome(o)))
-            except KeyError as e:
-                out.errors.add(seq_id=o.seq_id, code="NOT_FOUND", message=str(e.args[0]))
-            except ValueError as e:
+            except InvalidRequestError as e:
                 self.release([o.seq_id])  # its tokens or features are no longer known: the target re-sends a Prefill
                 out.errors.add(seq_id=o.seq_id, code="INVALID_ARGUMENT", message=str(e))
         return ready
@@ -193,6 +217,7 @@ class Session:
     def answer(self, round_: draft_pb2.Round, wait_s: float = 0.0) -> RoundResult:
         """Apply prefills and outcomes, answer every sequence that is valid (SSD ones from the cache) and return
         the SSD build to run next. Runs in the draft's worker thread; `wait_s`: how long it queued for it."""
+        check_round(round_, self.limits)  # before any state changes: a refused round leaves the session as it was
         out = draft_pb2.Speculations()
         ready = self._apply(round_, out)
         k = round_.num_speculative_tokens
@@ -263,6 +288,10 @@ class Session:
     def close(self) -> None:
         self.release(list(self.seqs))
         self.tensors.close()  # unlinks this session's shared-memory segment, if any
+
+
+def _code(error: Exception) -> str:
+    return "RESOURCE_EXHAUSTED" if isinstance(error, ResourceExhaustedError) else "INVALID_ARGUMENT"
 
 
 def to_message(seq_id: int, spec: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:

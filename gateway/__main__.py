@@ -31,7 +31,7 @@ class _HttpServer(uvicorn.Server):
 
 
 async def serve(config: GatewayConfig) -> None:
-    router = Router(config.targets, config.health_interval_s)
+    router = Router(config.targets, config.health_interval_s, tls=config.tls)
     await router.start()
     metrics = GatewayMetrics(router)
     keys = ApiKeys(config.api_keys, config.is_auth_disabled)

@@ -2,8 +2,10 @@
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 
 
 class ConfigError(ValueError):
@@ -25,6 +27,7 @@ class GatewayConfig:
     grace_s: float = 10.0
     log_level: str = "info"
     log_json: bool = True
+    tls: TlsFiles = field(default_factory=TlsFiles)  # calling targets: a CA = TLS, a certificate = mutual TLS
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -57,9 +60,11 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--health-interval-s", type=float, default=0.5, help="target health / load polling period")
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true")
+    add_tls_flags(p, env)
     a = p.parse_args(argv)
     targets = a.target or [t for t in env.get("SSD_GATEWAY_TARGETS", "").split(",") if t]
     return GatewayConfig(
+        tls=tls_from_args(p, a),
         targets=tuple(targets), http_address=a.http_address, grpc_address=a.grpc_address,
         api_keys=_load_keys(a.api_key_file, env.get("SSD_API_KEYS")), is_auth_disabled=a.no_auth,
         model_name=a.model_name, max_request_bytes=a.max_request_bytes, max_prompt_tokens=a.max_prompt_tokens,

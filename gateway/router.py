@@ -17,6 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.errors import NoReplica
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from rpc.options import CHANNEL_OPTIONS
+from rpc.tls import aio_channel
+from rpc.tls_files import TlsFiles
 
 log = structlog.get_logger(__name__)
 
@@ -36,10 +38,11 @@ class Replica:
 
 
 class Router:
-    def __init__(self, addresses: tuple[str, ...], interval_s: float = 0.5, affinity_slack: int = 256) -> None:
+    def __init__(self, addresses: tuple[str, ...], interval_s: float = 0.5, affinity_slack: int = 256,
+                 tls: TlsFiles | None = None) -> None:
         self.replicas = []
         for address in addresses:
-            channel = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = aio_channel(address, tls, CHANNEL_OPTIONS)  # TLS when `tls` has a CA
             self.replicas.append(Replica(address, channel, target_pb2_grpc.VerifierStub(channel),
                                          health_pb2_grpc.HealthStub(channel)))
         self.interval_s = interval_s

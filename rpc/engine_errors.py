@@ -1,4 +1,8 @@
-"""The status table of the two model services: engine errors (ssd.errors) -> gRPC codes."""
+"""The status table of the two model services: engine errors (ssd.errors) -> gRPC codes.
+
+Only typed errors are client errors. A builtin KeyError / ValueError / IndexError from inside the engine is a
+bug there, not a bad request: it stays INTERNAL, logged with its traceback by the interceptor.
+"""
 
 import asyncio
 
@@ -15,9 +19,7 @@ from ssd.errors import (
 
 ENGINE_STATUS = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
-    ValueError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
-    KeyError: grpc.StatusCode.NOT_FOUND,
     ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CheckpointError: grpc.StatusCode.FAILED_PRECONDITION,

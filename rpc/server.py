@@ -3,10 +3,14 @@
 Health (grpc.health.v1) and reflection are always on, options come from rpc/options.py, errors
 go through one ErrorMappingInterceptor. SIGTERM / SIGINT: health NOT_SERVING, drain in-flight
 calls for `grace_s`, stop, then run the service's own `on_stop`.
+Ports are bound exclusively (no SO_REUSEPORT): a port another process holds is a PortInUseError at
+start-up, never a second server sharing it. TLS (rpc/tls.py) when the service has a certificate; a
+plaintext server bound beyond loopback logs a warning.
 """
 
 import asyncio
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,8 +21,29 @@ from grpc_reflection.v1alpha import reflection
 
 from rpc.errors import ErrorMappingInterceptor, StatusTable
 from rpc.options import SERVER_OPTIONS
+from rpc.tls import is_loopback, server_credentials
+from rpc.tls_files import TlsFiles
 
 log = structlog.get_logger(__name__)
+
+
+class PortInUseError(RuntimeError):
+    """The server's address cannot be bound (another process holds the port, or the host is not local)."""
+
+
+def check_port_free(address: str) -> None:
+    """Raise PortInUseError now when host:port is held by a listener: a service calls it before its slow
+    start-up (loading a model), so a busy port fails in a second. SO_REUSEADDR, as grpc binds: connections
+    of a previous instance in TIME_WAIT do not count."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host if host not in ("", "*") else "", int(port)))
+        except OSError as e:
+            raise PortInUseError(f"cannot listen on {address}: {e.strerror}") from e
 
 
 @dataclass(frozen=True)
@@ -32,19 +57,34 @@ class ServiceSpec:
 
 class GrpcServer:
     def __init__(self, services: Sequence[ServiceSpec], address: str, status_table: StatusTable,
-                 grace_s: float = 10.0) -> None:
+                 grace_s: float = 10.0, tls: TlsFiles | None = None, is_internal: bool = False) -> None:
         self.services = list(services)
         self.address = address
         self.grace_s = grace_s
         self.health = health.aio.HealthServicer()
-        self.server = aio.server(interceptors=[ErrorMappingInterceptor(status_table)], options=SERVER_OPTIONS)
+        self.server = aio.server(interceptors=[ErrorMappingInterceptor(status_table)],
+                                 options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)])
         for spec in self.services:
             spec.add(spec.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [s.name for s in self.services]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(address)
+        self.port = self._bind(address, tls, is_internal)
         self._stopping = asyncio.Event()
+
+    def _bind(self, address: str, tls: TlsFiles | None, is_internal: bool) -> int:
+        """`is_internal`: a model service (no auth of its own), warned about when reachable without TLS."""
+        is_tls = tls is not None and tls.is_server_tls
+        if is_internal and not is_tls and not is_loopback(address):
+            log.warning("serving plaintext gRPC beyond localhost: anyone who reaches this port can call it; "
+                        "give the service --tls-cert / --tls-key / --tls-ca", address=address)
+        try:
+            if is_tls:
+                return self.server.add_secure_port(address, server_credentials(tls))
+            return self.server.add_insecure_port(address)
+        except RuntimeError as e:  # grpc's "Failed to bind to address"
+            raise PortInUseError(f"cannot listen on {address}: the port is in use (or the host is not this "
+                                 "machine's)") from e
 
     async def _set_all(self, status: int) -> None:
         for name in ["", *(s.name for s in self.services)]:

@@ -11,12 +11,14 @@ from protos import require_current_stubs
 from protos.ssd.v1 import target_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
-from rpc.server import GrpcServer, ServiceSpec
+from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
+from rpc.tls_files import TlsConfigError
 from ssd.config import EngineConfig, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
+from target_service.admission import AdmissionLimits
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
@@ -39,11 +41,11 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
     vocab_size = load_model_config(resolve_model(config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
     if feature_layers is None:
-        feature_layers = fetch_feature_layers(config.draft_address, config.draft_info_timeout_s)
+        feature_layers = fetch_feature_layers(config.draft_address, config.draft_info_timeout_s, config.tls)
     proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size, config.draft_timeout_s,
                               config.reconnect_interval_s, feature_layers,
                               offer_shared_memory=config.tensor_transport == "auto",
-                              device=torch.device(config.device))
+                              device=torch.device(config.device), tls=config.tls)
     engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
     if config.device == "cpu" and config.default_mode != "ar" and not cpu_has_fast_bfloat16():
         log.warning("this CPU has no native bfloat16 matmuls: verifying K+1 positions costs ~2x a decode step "
@@ -53,14 +55,17 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
 
 
 async def serve(config: TargetServiceConfig) -> None:
+    check_port_free(config.address)  # before loading the model
     engine, proposer = build_engine(config)
     if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
         threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     dead = asyncio.Event()
-    engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set)
+    admission = AdmissionLimits(config.max_num_seqs + config.max_waiting_seqs, config.max_queued_tokens)
+    engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set, admission=admission)
     servicer = VerifierServicer(config, engine_loop, proposer)
     spec = ServiceSpec("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
-    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s)
+    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
+                        is_internal=True)
 
     async def stop_when_dead() -> None:
         await dead.wait()
@@ -85,7 +90,11 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     configure_service_logging(config.replica_id, config.log_level, json=config.log_json)
     require_current_stubs()
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except (PortInUseError, TlsConfigError) as e:  # one clear line, exit status 2 (a supervisor sees it)
+        log.error("cannot start the target", address=config.address, error=str(e))
+        raise SystemExit(2) from e
 
 
 if __name__ == "__main__":

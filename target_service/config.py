@@ -2,8 +2,9 @@
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
 from ssd.errors import InvalidRequestError
@@ -38,8 +39,14 @@ class TargetServiceConfig:
     grace_s: float = 10.0  # drain time on SIGTERM
     log_level: str = "info"
     log_json: bool = True
+    # reliability (issue 31): admission limits past which Generate is RESOURCE_EXHAUSTED, and TLS
+    max_waiting_seqs: int = 64  # admitted requests not yet running (beyond max_num_seqs running)
+    max_queued_tokens: int = 65536  # prompt tokens of the waiting requests
+    tls: TlsFiles = field(default_factory=TlsFiles)  # server certificate + client CA; the draft hop's client side
 
     def __post_init__(self) -> None:
+        if self.max_waiting_seqs < 0 or self.max_queued_tokens < 1:
+            raise InvalidRequestError("max waiting sequences must be >= 0 and max queued tokens >= 1")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.tensor_transport not in ("auto", "inline"):
@@ -109,8 +116,14 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                         "else inline; or always inline")
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
+    p.add_argument("--max-waiting-seqs", type=int, default=int(env.get("SSD_TARGET_MAX_WAITING_SEQS", "64")),
+                   help="admitted requests waiting to run at most; past it Generate is RESOURCE_EXHAUSTED")
+    p.add_argument("--max-queued-tokens", type=int, default=int(env.get("SSD_TARGET_MAX_QUEUED_TOKENS", "65536")),
+                   help="prompt tokens of the waiting requests at most; past it Generate is RESOURCE_EXHAUSTED")
+    add_tls_flags(p, env)
     a = p.parse_args(argv)
     return TargetServiceConfig(
+        max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
         model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
         num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, prefill_chunk_tokens=a.prefill_chunk_tokens,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,

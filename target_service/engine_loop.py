@@ -16,6 +16,7 @@ import structlog
 from ssd.engine.llm_engine import LLMEngine, StepOutput
 from ssd.errors import EngineDeadError
 from ssd.sampling.params import SamplingParams
+from target_service.admission import AdmissionLimits, check_admission
 
 log = structlog.get_logger(__name__)
 
@@ -36,8 +37,9 @@ class LoadSnapshot:
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
-                 on_dead: Callable[[], None] = lambda: None) -> None:
+                 on_dead: Callable[[], None] = lambda: None, admission: AdmissionLimits | None = None) -> None:
         self.engine = engine
+        self.admission = admission  # None = an unbounded queue
         self.loop = loop
         self.on_dead = on_dead  # called on the event loop once the engine cannot step again
         self.streams: dict[int, asyncio.Queue] = {}  # seq id -> queue of StepOutput | Exception
@@ -63,6 +65,8 @@ class EngineLoop:
 
         def command() -> None:
             try:
+                if self.admission is not None:
+                    check_admission(self.engine, len(prompt_token_ids), self.admission)
                 seq_id = self.engine.add_request(prompt_token_ids, params)
             except Exception as e:  # handed to the caller, who maps it to a status
                 self.loop.call_soon_threadsafe(_settle, future, None, e)

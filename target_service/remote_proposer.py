@@ -25,6 +25,8 @@ import torch
 
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from rpc.tls import sync_channel
+from rpc.tls_files import TlsFiles
 from ssd.config import SsdConfig
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation
@@ -39,9 +41,9 @@ CPU = torch.device("cpu")  # the engine samples and verifies on the host
 _MAX_INLINE_FEATURE_BYTES = MAX_MESSAGE_BYTES // 2  # per Round; features past it are left out (no speculation)
 
 
-def fetch_feature_layers(address: str, timeout_s: float) -> tuple[int, ...]:
+def fetch_feature_layers(address: str, timeout_s: float, tls: TlsFiles | None = None) -> tuple[int, ...]:
     """The target layers whose features the draft needs (its GetInfo), waiting up to `timeout_s` for it to serve."""
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    with sync_channel(address, tls, CHANNEL_OPTIONS) as channel:
         try:
             info = draft_pb2_grpc.SpeculatorStub(channel).GetInfo(draft_pb2.DraftInfoRequest(), timeout=timeout_s,
                                                                    wait_for_ready=True)
@@ -59,8 +61,9 @@ class RemoteProposer:
     def __init__(self, address: str, target_id: str, vocab_size: int, timeout_s: float = 5.0,
                  reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = (),
                  offer_shared_memory: bool = True, ssd_options: SsdConfig | None = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, tls: TlsFiles | None = None) -> None:
         self.address = address
+        self.tls = tls  # with a CA: the session runs over TLS (mutual, with this target's certificate)
         self.ssd_options = ssd_options
         self._timings = DraftTimings()  # the draft's SSD timings, summed (engine thread writes)
         self.feature_layers = tuple(feature_layers)
@@ -90,7 +93,7 @@ class RemoteProposer:
 
     # -- connection -------------------------------------------------------------------------
     def _open(self) -> DraftSession | None:
-        channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        channel = sync_channel(self.address, self.tls, CHANNEL_OPTIONS)
         try:
             grpc.channel_ready_future(channel).result(timeout=2.0)
         except grpc.FutureTimeoutError:

@@ -3,6 +3,7 @@
 Conversion between proto messages and engine types happens here and nowhere else.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import structlog
@@ -73,6 +74,18 @@ def spec_stats(summary: dict | None) -> common_pb2.SpeculationStats | None:
         num_cache_hits=int(summary.get("cache_hits", 0)), num_cache_misses=int(summary.get("cache_misses", 0)))
 
 
+async def _next(stream: asyncio.Queue, deadline: float | None) -> object:
+    """The sequence's next output; TimeoutError (DEADLINE_EXCEEDED) once the caller's deadline passed. The
+    caller's `finally` then aborts the sequence: its KV is freed and the draft told to release it."""
+    if deadline is None:
+        return await stream.get()
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await stream.get()
+    except TimeoutError:
+        raise TimeoutError("the request's deadline passed before it finished") from None
+
+
 class VerifierServicer(target_pb2_grpc.VerifierServicer):
     def __init__(self, config: TargetServiceConfig, engine_loop: EngineLoop, proposer: RemoteProposer | None) -> None:
         self.config = config
@@ -105,9 +118,11 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         log.info("admitted", seq_id=seq_id, prompt_tokens=len(request.prompt_token_ids),
                  max_tokens=params.max_tokens, speculate=params.speculate, ssd=params.ssd)
         finished, first = False, True
+        remaining = context.time_remaining()  # the caller's deadline (None = none)
+        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         try:
             while not finished:
-                item = await stream.get()
+                item = await _next(stream, deadline)
                 if isinstance(item, Exception):
                     raise item
                 out: StepOutput = item
