@@ -21,14 +21,17 @@ from pydantic import (
 )
 
 from gateway.errors import InvalidRequest
+from gateway.request_checks import MAX_TOP_LOGPROBS
 from gateway.tokenizer import ChatRender
 from gateway.tool_calls import Tool, ToolCall, ToolChoice, ToolPlan, plan_tools
 from protos.ssd.v1 import common_pb2
 
-MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
 MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 MAX_TARGET_REQUESTS = 256  # prompts x choices (or best_of) of one completions request
-TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]  # fits the wire's int32; the target checks its vocabulary
+INT32_END = 2**31  # the wire's int32 fields hold less than this
+TokenId = Annotated[StrictInt, Field(ge=0, lt=INT32_END)]  # fits the wire's int32; checked against the vocabulary
+Count = Annotated[int, Field(ge=0, lt=INT32_END)]  # a count on the wire (int32)
+MAX_JSON_DEPTH = 64  # nesting of a request body (JSON schemas included); deeper bodies are refused
 
 # OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -76,28 +79,64 @@ class ResponseFormat(BaseModel):
         return json.dumps({} if schema is None else schema)
 
 
+def ill_formed(value: Any) -> str | None:  # noqa: ANN401
+    """Why a parsed JSON body cannot be served (a string that is not valid UTF-8, i.e. a lone surrogate
+    escape such as "\\ud800"; nesting deeper than MAX_JSON_DEPTH), with where; None when it is fine.
+    Iterative, so a deep body cannot exhaust the stack."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"the request body nests deeper than {MAX_JSON_DEPTH} levels (at {where or 'the top'})"
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return f"{where or 'the body'} is not valid UTF-8 text (a lone surrogate)"
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                stack.append((k, where, depth + 1))
+                stack.append((v, f"{where}.{k}" if where else str(k), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}.{i}" if where else str(i), depth + 1) for i, v in enumerate(item))
+    return None
+
+
+class _Body(BaseModel):
+    """A request body: refused when ill_formed, before any field is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _well_formed(cls, data: Any) -> Any:  # noqa: ANN401
+        problem = ill_formed(data)
+        if problem is not None:
+            raise ValueError(problem)
+        return data
+
+
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False  # a last chunk with the usage of every choice
     continuous_usage_stats: StrictBool = False  # extension (vLLM): each chunk carries its choice's usage so far
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)  # extension (vLLM-style)
+    top_k: Count = 0  # extension (vLLM-style)
     ignore_eos: StrictBool = False  # extension (vLLM-style): EOS does not end the answer
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)  # extension (vLLM / HF): prompt and answer tokens
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM): relative probability floor
-    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): EOS / stop token ids barred before this many
+    min_tokens: Count = 0  # extension (vLLM): EOS / stop token ids barred before this many
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM): token ids that end the answer
     include_stop_str_in_output: StrictBool = False  # extension (vLLM): the stop string that ended the text stays
-    truncate_prompt_tokens: int | None = Field(default=None, ge=1)  # extension (vLLM): the prompt's last N tokens
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1, lt=INT32_END)  # extension (vLLM): last N tokens
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # the wire's int64
+    timeout: float | None = Field(default=None, gt=0.0, le=86400.0)  # extension: seconds; past it 504
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
@@ -241,7 +280,7 @@ class Message(BaseModel):
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
-class _ChatRendering(BaseModel):
+class _ChatRendering(_Body):
     """vLLM's chat-template options (chat completions and /tokenize)."""
 
     add_generation_prompt: StrictBool = True  # open the assistant's turn after the messages
@@ -268,7 +307,7 @@ class _ChatRendering(BaseModel):
 
 class ChatCompletionRequest(_ChatRendering, _Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Count | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Any = None  # completions options, refused here unless neutral
@@ -333,7 +372,7 @@ class TokenizeRequest(_ChatRendering):
         return self
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
