@@ -73,7 +73,7 @@ def _load_keys(path: str | None, env_value: str | None) -> frozenset[str]:
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     d = GatewayConfig.__dataclass_fields__
-    g = p.add_argument_group("limits (0 or less is refused; leave a limit out to keep its default)")
+    g = p.add_argument_group("limits")
     g.add_argument("--max-request-bytes", type=int, default=d["max_request_bytes"].default,
                    help="HTTP body size limit; past it 413 (default: 1 MiB)")
     g.add_argument("--max-grpc-message-bytes", type=int, default=d["max_grpc_message_bytes"].default,

@@ -30,7 +30,7 @@ def check_token_ids(ids: Iterable[int], vocab_size: int, param: str) -> None:
     """Every id in [0, vocab_size) (vocab_size 0: the model is not known yet, only >= 0)."""
     for t in ids:
         if t < 0 or (vocab_size and t >= vocab_size):
-            bound = f"below the vocabulary size {vocab_size}" if vocab_size else "non-negative"
+            bound = f"in [0, {vocab_size}) (the vocabulary)" if vocab_size else "non-negative"
             raise InvalidRequest(f"{param}: token ids must be {bound}, got {t}", param=param)
 
 
