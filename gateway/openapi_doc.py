@@ -17,6 +17,8 @@ ERROR_SCHEMA = {
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "code": {"type": "integer"}}}},
 }
+# one server-sent event: `data` is a JSON chunk (or an error body), the last one the text [DONE]
+SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 REASONS = {400: "Invalid request", 401: "Missing or invalid API key", 404: "No such model", 408: "Body too slow",
            413: "Body too large", 429: "Busy or past a rate limit: retry after Retry-After seconds",
            500: "Internal error", 503: "No target replica available", 504: "Past the request's timeout"}
@@ -59,7 +61,7 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
                 responses[str(status)] = _error(status)
             ok = responses.setdefault("200", {"description": "OK"})
             if path in GENERATION_PATHS:  # `stream: true` answers server-sent events
-                ok.setdefault("content", {})["text/event-stream"] = {"schema": {"type": "string"}}
+                ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT_SCHEMA}
             if path == "/metrics":
                 ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
             if path == "/health":
