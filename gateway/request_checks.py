@@ -56,7 +56,8 @@ def check_params(params: common_pb2.SamplingParams, vocab_size: int) -> None:
 
 
 def text_size(value: object) -> tuple[int, int]:
-    """Characters and UTF-8 bytes of every string in a JSON-like value (keys included); iterative."""
+    """Characters and UTF-8 bytes of every string value in a JSON-like value (keys are bounded by the body
+    size limit); iterative."""
     num_chars = num_bytes = 0
     stack = [value]
     while stack:
@@ -65,7 +66,6 @@ def text_size(value: object) -> tuple[int, int]:
             num_chars += len(item)
             num_bytes += len(item.encode("utf-8", "surrogatepass"))
         elif isinstance(item, dict):
-            stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)

@@ -11,10 +11,10 @@ import asyncio
 import math
 from pathlib import Path
 
+from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from rpc.logging import configure_service_logging
 from rpc.server import GrpcServer, ServiceSpec
 from target_service.tokenizer_files import read_tokenizer_files
-from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 VOCAB_SIZE = 49152  # the default model's
 MAX_MODEL_LEN = 2048
