@@ -55,7 +55,7 @@ class JsonSchemaFormat(BaseModel):
     name: str | None = None
     description: str | None = None
     json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # None: any JSON value
-    strict: bool | None = None  # the schema is always enforced
+    strict: StrictBool | None = None  # the schema is always enforced
 
 
 class ResponseFormat(BaseModel):
@@ -144,9 +144,9 @@ class _Sampling(_Body):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
-    suffix: Any = None
-    functions: Any = None
-    function_call: Any = None
+    suffix: Any = Field(default=None, json_schema_extra={"enum": list(NEUTRAL_VALUES["suffix"])})
+    functions: Any = Field(default=None, json_schema_extra={"enum": list(NEUTRAL_VALUES["functions"])})
+    function_call: Any = Field(default=None, json_schema_extra={"enum": list(NEUTRAL_VALUES["function_call"])})
     response_format: ResponseFormat | None = None  # structured output (json_object, json_schema)
     guided_json: dict[str, Any] | str | None = None  # extension (vLLM): a JSON schema the answer follows
     guided_regex: str | None = None  # extension (vLLM): a regular expression the whole answer matches
@@ -199,19 +199,27 @@ class _Sampling(_Body):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+CHAT_ONLY_NEUTRAL: list[Any] = [None, [], "none", "auto"]  # what /v1/completions accepts of tools, tool_choice
+
+
 class CompletionRequest(_Sampling):
+    # for the OpenAPI document: max_tokens 0 only scores the prompt (echo, not streamed)
+    model_config = ConfigDict(extra="ignore", json_schema_extra={
+        "if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+        "then": {"required": ["echo"], "properties": {"echo": {"const": True}, "stream": {"not": {"const": True}}}}})
+
     # text, several texts, token ids, or several token-id lists (as OpenAI's completions accept)
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # candidates; the n likeliest are returned
     echo: StrictBool = False  # the prompt leads the text (and, with logprobs, the logprobs: its first token unscored)
-    tools: Any = None  # chat options, refused here unless neutral
-    tool_choice: Any = None
+    tools: Any = Field(default=None, json_schema_extra={"enum": CHAT_ONLY_NEUTRAL})  # chat options: neutral only
+    tool_choice: Any = Field(default=None, json_schema_extra={"enum": CHAT_ONLY_NEUTRAL})
 
     @field_validator("tools", "tool_choice")
     @classmethod
     def _chat_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
-        if value not in (None, [], "none", "auto"):
+        if value not in CHAT_ONLY_NEUTRAL:
             raise ValueError(f"{info.field_name} is not supported on /v1/completions: function calling is a "
                              "/v1/chat/completions option")
         return value
@@ -243,8 +251,16 @@ class ContentPart(BaseModel):
     text: str
 
 
+_MESSAGE_RULES = {"allOf": [  # _complete, for the OpenAPI document
+    {"if": {"not": {"required": ["role", "tool_calls"],
+                    "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}}}},
+     "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}}},
+    {"if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+     "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}}]}
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_MESSAGE_RULES)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None  # None only for an assistant message that called tools
@@ -307,11 +323,12 @@ class _ChatRendering(_Body):
 
 class ChatCompletionRequest(_ChatRendering, _Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: Count | None = None
+    max_tokens: Annotated[int, Field(ge=1, lt=INT32_END)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, lt=INT32_END)] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: Any = None  # completions options, refused here unless neutral
-    echo: Any = None
+    best_of: Any = Field(default=None, json_schema_extra={"enum": [None, 1]})  # completions options: neutral only
+    echo: Any = Field(default=None, json_schema_extra={"enum": [None, False]})
     tools: list[Tool] | None = None  # function calling (gateway/tool_calls.py)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool = True  # "required" may answer with several calls
@@ -359,7 +376,9 @@ class ChatCompletionRequest(_ChatRendering, _Sampling):
 class TokenizeRequest(_ChatRendering):
     """vLLM's /tokenize: a prompt, or chat messages rendered by the chat template (as the target would see them)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [  # exactly one of them (_one_input)
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
 
     model: str | None = None
     prompt: str | None = None

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from gateway.errors import InvalidRequest
 
@@ -39,7 +39,7 @@ class FunctionDef(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments; None = no arguments
-    strict: bool | None = None  # the schema is always enforced
+    strict: StrictBool | None = None  # the schema is always enforced
 
     def schema(self) -> dict[str, Any]:
         return self.parameters if self.parameters else NO_ARGUMENTS

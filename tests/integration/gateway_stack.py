@@ -13,6 +13,7 @@ import httpx
 
 from deploy.local import free_port, is_serving
 
+ROOT = Path(__file__).resolve().parents[2]  # the processes run from the repository root
 API_KEY = "fake-stack-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -27,7 +28,7 @@ class FakeStack:
 
 def _start(args: list[str], log_path: Path) -> subprocess.Popen:
     out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True)
 
 
