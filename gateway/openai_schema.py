@@ -6,6 +6,7 @@ are ignored, as OpenAI clients send many.
 """
 
 import json
+from collections.abc import Iterable
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -33,12 +34,17 @@ TokenId = Annotated[StrictInt, Field(ge=0, lt=INT32_END)]  # fits the wire's int
 Count = Annotated[int, Field(ge=0, lt=INT32_END)]  # a count on the wire (int32)
 MAX_JSON_DEPTH = 64  # nesting of a request body (JSON schemas included); deeper bodies are refused
 
-# OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
+# OpenAI option -> the values that ask for nothing (compared as JSON compares them: 0 == 0.0, but 0 != false).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "functions": (None, []),  # the deprecated forms of tools / tool_choice
     "function_call": (None, "none", "auto"),
 }
+
+
+def is_neutral(value: Any, neutrals: Iterable[Any]) -> bool:  # noqa: ANN401
+    """`value` is one of `neutrals` as JSON values (a boolean equals only a boolean)."""
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutrals)
 
 
 _REGEX_META = frozenset("\\.+*?()|[]{}^$")
@@ -157,7 +163,7 @@ class _Sampling(_Body):
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
         name = str(info.field_name)
-        if not any(value == neutral for neutral in NEUTRAL_VALUES[name]):
+        if not is_neutral(value, NEUTRAL_VALUES[name]):
             accepted = ", ".join(repr(v) for v in NEUTRAL_VALUES[name][1:])
             raise ValueError(f"{name}={value!r} is not supported by this server (accepted: {accepted} or leave it out)")
         return value
@@ -219,7 +225,7 @@ class CompletionRequest(_Sampling):
     @field_validator("tools", "tool_choice")
     @classmethod
     def _chat_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
-        if value not in CHAT_ONLY_NEUTRAL:
+        if not is_neutral(value, CHAT_ONLY_NEUTRAL):
             raise ValueError(f"{info.field_name} is not supported on /v1/completions: function calling is a "
                              "/v1/chat/completions option")
         return value
@@ -336,7 +342,7 @@ class ChatCompletionRequest(_ChatRendering, _Sampling):
     @field_validator("best_of", "echo")
     @classmethod
     def _completions_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
-        if value not in (None, 1 if info.field_name == "best_of" else False):
+        if not is_neutral(value, (None, 1 if info.field_name == "best_of" else False)):
             raise ValueError(f"{info.field_name}={value!r} is not supported by this server on chat completions "
                              "(a /v1/completions option)")
         return value
