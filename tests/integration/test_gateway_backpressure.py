@@ -88,8 +88,10 @@ async def grpc_burst(address: str) -> list[tuple[grpc.StatusCode, str | None]]:
 
 
 def test_grpc_overload_is_resource_exhausted_with_retry_after(busy):
+    start = time.monotonic()
     answers = asyncio.run(grpc_burst(busy.grpc_address))
     codes = Counter(code for code, _ in answers)
+    print(f"\ngrpc back-pressure: { {c.name: n for c, n in codes.items()} } in {time.monotonic() - start:.1f} s")
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
     assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0 and codes[grpc.StatusCode.OK] >= MAX_IN_FLIGHT
     assert all(retry == "1" for code, retry in answers if code == grpc.StatusCode.RESOURCE_EXHAUSTED)
