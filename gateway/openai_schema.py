@@ -109,7 +109,10 @@ def ill_formed(value: Any) -> str | None:  # noqa: ANN401
 
 
 class _Body(BaseModel):
-    """A request body: refused when ill_formed, before any field is read."""
+    """A request body: refused when ill_formed, before any field is read. Strict: a JSON value has the type its
+    field documents (no "5" for 5, no false for 0), as the OpenAPI document says."""
+
+    model_config = ConfigDict(strict=True)
 
     @model_validator(mode="before")
     @classmethod
