@@ -56,7 +56,7 @@ def choice_regex(choices: list[str]) -> str:
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     name: str | None = None
     description: str | None = None
@@ -66,6 +66,8 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     """OpenAI's response_format: free text, any JSON object, or JSON that follows a schema."""
+
+    model_config = ConfigDict(strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -124,6 +126,8 @@ class _Body(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: StrictBool = False  # a last chunk with the usage of every choice
     continuous_usage_stats: StrictBool = False  # extension (vLLM): each chunk carries its choice's usage so far
 
@@ -256,6 +260,8 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text"]
     text: str
 
@@ -269,7 +275,7 @@ _MESSAGE_RULES = {"allOf": [  # _complete, for the OpenAPI document
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", json_schema_extra=_MESSAGE_RULES)
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_MESSAGE_RULES, strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None  # None only for an assistant message that called tools

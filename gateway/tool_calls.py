@@ -34,7 +34,7 @@ _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLO
 
 
 class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
@@ -46,15 +46,21 @@ class FunctionDef(BaseModel):
 
 
 class Tool(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["function"]
     function: FunctionDef
 
 
 class FunctionName(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     name: str
 
 
 class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["function"]
     function: FunctionName
 
@@ -63,11 +69,15 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class CalledFunction(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     name: str
     arguments: str  # JSON text, as OpenAI sends it back
 
 
 class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     """A call in an assistant message of the conversation so far."""
 
     id: str
