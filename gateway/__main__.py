@@ -7,6 +7,7 @@ import sys
 import structlog
 import uvicorn
 
+from gateway.admission import Admission
 from gateway.auth import ApiKeys
 from gateway.config import ConfigError, GatewayConfig, parse_args
 from gateway.generation import TextGenerator
@@ -38,12 +39,15 @@ async def serve(config: GatewayConfig) -> None:
     if config.is_auth_disabled:
         log.warning("API-key authentication is disabled")
     generator = TextGenerator(config, router, metrics)
-    app = build_app(generator, keys, config.max_request_bytes, metrics.render)
+    admission = Admission(config.max_in_flight, config.max_waiting, config.max_key_in_flight,
+                          config.key_requests_per_minute, config.key_burst)
+    metrics.watch(admission)
+    app = build_app(generator, keys, config, metrics.render, admission)
     host, port = config.http_address.rsplit(":", 1)
     http = _HttpServer(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
                                       timeout_graceful_shutdown=int(config.grace_s)))
     http_task = asyncio.create_task(http.serve())
-    spec = ServiceSpec("ssd.v1.Generation", GenerationServicer(generator, keys),
+    spec = ServiceSpec("ssd.v1.Generation", GenerationServicer(generator, keys, admission),
                        gateway_pb2_grpc.add_GenerationServicer_to_server)
     server = GrpcServer([spec], config.grpc_address, {}, grace_s=config.grace_s)
 
@@ -51,6 +55,7 @@ async def serve(config: GatewayConfig) -> None:
         http.should_exit = True
         await http_task
         await router.close()
+        generator.cpu.close()
 
     await server.run(on_stop)
 

@@ -10,12 +10,14 @@ class ApiKeys:
         self.keys = [k.encode() for k in keys]
         self.is_disabled = is_disabled
 
-    def check(self, authorization: str | None) -> None:
-        """Raise Unauthenticated unless the header carries a known key (or auth is disabled)."""
+    def check(self, authorization: str | None) -> str:
+        """The caller's key (its identity for per-key limits; "" with auth disabled); raises Unauthenticated
+        unless the header carries a known key."""
         if self.is_disabled:
-            return
+            return ""
         if not authorization or not authorization.lower().startswith("bearer "):
             raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
-        given = authorization[7:].strip().encode()
-        if not any(hmac.compare_digest(given, k) for k in self.keys):
+        given = authorization[7:].strip()
+        if not any(hmac.compare_digest(given.encode(), k) for k in self.keys):
             raise Unauthenticated("invalid API key")
+        return given

@@ -1,4 +1,7 @@
-"""Gateway errors: each carries its gRPC status; the HTTP bridge maps statuses to HTTP codes once."""
+"""Gateway errors: each carries its gRPC status; the HTTP bridge maps statuses to HTTP codes once.
+
+`openai_error_body` is the one shape of every HTTP error body (OpenAI's); `gateway.http_errors` sends it.
+"""
 
 import grpc
 
@@ -17,8 +20,9 @@ HTTP_STATUS = {
 
 OPENAI_TYPES = {  # the `type` field of OpenAI error bodies
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
-    504: "timeout_error",
+    404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+    415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    503: "service_unavailable", 504: "timeout_error",
 }
 
 
@@ -48,6 +52,30 @@ class ModelNotFound(GatewayError):
 
 class NoReplica(GatewayError):
     grpc_status = grpc.StatusCode.UNAVAILABLE
+
+
+class Overloaded(GatewayError):
+    """The admission queue is full, or the key is past its rate or concurrency limit: retry after a while."""
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTooLarge(GatewayError):
+    """A gRPC request past the configured message size (gRPC's own status for that; 413 on HTTP)."""
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    @property
+    def http_status(self) -> int:
+        return 413
+
+
+class DeadlineExceeded(GatewayError):
+    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class UpstreamError(GatewayError):

@@ -6,22 +6,29 @@ nothing is retried on another replica when its target is UNAVAILABLE. Leaving th
 (client gone, stop string) cancels the target call, which aborts the request and frees its KV.
 """
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 import grpc
 import structlog
 
 from gateway.config import GatewayConfig
-from gateway.errors import InvalidRequest, ModelNotFound, NoReplica, UpstreamError
+from gateway.errors import DeadlineExceeded, InvalidRequest, ModelNotFound, NoReplica, UpstreamError
 from gateway.metrics import GatewayMetrics
+from gateway.request_checks import CHARS_PER_TOKEN, check_params, check_prompt_size, check_token_ids
 from gateway.router import Router
 from gateway.tokenizer import ChatRender, IncrementalDetokenizer, StopStrings, TextTokenizer
 from protos.ssd.v1 import common_pb2, target_pb2
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 FINISH_NAMES = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
                 common_pb2.FINISH_REASON_ABORT: "abort"}
@@ -41,6 +48,7 @@ class TextRequest:
     render: ChatRender = field(default_factory=ChatRender)  # how `messages` become the prompt
     include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string that ended the text stays
     truncate_prompt_tokens: int | None = None  # vLLM's: keep only the prompt's last N tokens
+    deadline: float | None = None  # time.monotonic() by which the request must be done; None = no deadline
 
 
 @dataclass
@@ -57,11 +65,26 @@ class TextDelta:
     prompt_token_ids: list[int] = field(default_factory=list)  # first delta only: the prompt as the target saw it
 
 
+class CpuPool:
+    """The gateway's CPU work (tokenizing, chat templates) on a few threads, so the event loop keeps serving.
+    The tokenizer releases the GIL while it encodes (`TextTokenizer.encode`)."""
+
+    def __init__(self, num_threads: int) -> None:
+        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="gateway-cpu")
+
+    async def run(self, fn: Callable[..., T], /, *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
 class TextGenerator:
     def __init__(self, config: GatewayConfig, router: Router, metrics: GatewayMetrics) -> None:
         self.config = config
         self.router = router
         self.metrics = metrics
+        self.cpu = CpuPool(config.num_cpu_threads)
         self._tokenizer: TextTokenizer | None = None
 
     @property
@@ -89,41 +112,70 @@ class TextGenerator:
             raise ModelNotFound(f"the model '{name}' does not exist; this server serves '{self.model_name}'",
                                 param="model")
 
-    def prepare(self, req: TextRequest) -> tuple[list[int], common_pb2.SamplingParams]:
-        """Prompt token ids and final sampling params; raises InvalidRequest / ModelNotFound."""
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.config.max_prompt_tokens or max(1, self.max_model_len - 1)
+
+    @property
+    def vocab_size(self) -> int:
+        """The served model's vocabulary size; 0 until a replica has answered."""
+        info = self.router.info()
+        return info.vocab_size if info is not None else 0
+
+    def deadline(self, timeout_s: float | None) -> float | None:
+        """The monotonic deadline of a request that asked for `timeout_s` (None: the configured default)."""
+        timeout_s = timeout_s if timeout_s is not None else self.config.default_timeout_s
+        return None if timeout_s is None else time.monotonic() + timeout_s
+
+    def check_prompt_size(self, req: TextRequest) -> None:
+        """InvalidRequest when the prompt's text is past the configured characters or bytes (before tokenizing)."""
+        if isinstance(req.prompt, list):
+            return
+        max_chars = self.config.max_prompt_chars or CHARS_PER_TOKEN * self.max_prompt_tokens
+        parts = [req.prompt, req.messages, req.render.tools, req.render.template_kwargs]
+        check_prompt_size(parts, max_chars, self.config.max_prompt_bytes,
+                          "messages" if req.messages is not None else "prompt")
+
+    async def prepare(self, req: TextRequest) -> tuple[list[int], common_pb2.SamplingParams]:
+        """Prompt token ids and final sampling params; raises InvalidRequest / ModelNotFound. The prompt is
+        size-checked, then rendered and tokenized off the event loop."""
         self.check_model(req.model)
         if req.mode not in MODES:
             raise InvalidRequest(f"mode must be 'ar', 'sd' or 'ssd', got {req.mode!r}", param="mode")
-        ids = self._prompt_ids(req)
+        check_params(req.params, self.vocab_size)
+        ids = await self.prompt_ids(req)
         if req.truncate_prompt_tokens:
             ids = ids[-req.truncate_prompt_tokens :]
-        max_len = self.max_model_len
-        limit = self.config.max_prompt_tokens or max(1, max_len - 1)
+        max_len, limit = self.max_model_len, self.max_prompt_tokens
         if len(ids) > limit:
             raise InvalidRequest(f"the prompt has {len(ids)} tokens; at most {limit} are allowed", param="prompt")
         params = common_pb2.SamplingParams()
         params.CopyFrom(req.params)
-        if params.max_tokens < 0:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {params.max_tokens}", param="max_tokens")
         if params.max_tokens == 0:
             params.max_tokens = self.config.default_max_tokens
         if max_len:
             params.max_tokens = max(1, min(params.max_tokens, max_len - len(ids)))
         return ids, params
 
-    def _prompt_ids(self, req: TextRequest) -> list[int]:
-        if isinstance(req.prompt, list):  # token ids, sent as they are (the target checks its vocabulary)
-            if not req.prompt:
-                raise InvalidRequest("the prompt is empty", param="prompt")
-            return list(req.prompt)
-        tok = self.tokenizer()
-        text = tok.chat_prompt(req.messages, req.render) if req.messages is not None else req.prompt
-        if not text:
+    async def prompt_ids(self, req: TextRequest) -> list[int]:
+        """The prompt's token ids as the target will see them (the chat template applied to messages)."""
+        if isinstance(req.prompt, list):  # token ids, sent as they are
+            check_token_ids(req.prompt, self.vocab_size, "prompt")
+            ids = list(req.prompt)
+        else:
+            self.check_prompt_size(req)
+            ids = await self.cpu.run(self._encode_prompt, req)
+        if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        return tok.encode(text)
+        return ids
+
+    def _encode_prompt(self, req: TextRequest) -> list[int]:
+        """On a CPU thread: the text prompt (or the rendered chat) tokenized."""
+        tok = self.tokenizer()
+        return tok.encode(tok.chat_prompt(req.messages, req.render) if req.messages is not None else req.prompt or "")
 
     async def stream(self, req: TextRequest) -> AsyncIterator[TextDelta]:
-        ids, params = self.prepare(req)
+        ids, params = await self.prepare(req)
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
         start = time.perf_counter()
         detok = IncrementalDetokenizer(self.tokenizer())
@@ -136,7 +188,7 @@ class TextGenerator:
             self.metrics.constrained.labels(params.grammar.WhichOneof("kind") or "none").inc()
         while True:
             replica = await self.router.pick(ids, tried)
-            call = replica.stub.Generate(target_req)
+            call = replica.stub.Generate(target_req, timeout=_time_left(req.deadline))
             replica.num_outstanding_tokens += params.max_tokens
             try:
                 async for msg in call:
@@ -174,6 +226,8 @@ class TextGenerator:
                     log.warning("target unavailable; retrying elsewhere", replica=replica.address)
                     continue
                 self.metrics.errors.labels(e.code().name).inc()
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and req.deadline is not None:
+                    raise DeadlineExceeded("the request did not finish within its timeout") from e
                 raise UpstreamError(e.code(), e.details() or e.code().name) from e
             finally:
                 replica.num_outstanding_tokens -= params.max_tokens
@@ -204,3 +258,13 @@ class TextGenerator:
         assert last is not None  # stream() always ends with a finish delta or raises
         return TextDelta("".join(text), ids, last.finish_reason, last.prompt_tokens, last.completion_tokens,
                          last.cached_prompt_tokens, last.spec, logprobs, prompt_logprobs, prompt_ids)
+
+
+def _time_left(deadline: float | None) -> float | None:
+    """Seconds to `deadline` for the target call's gRPC deadline; DeadlineExceeded once it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded("the request did not finish within its timeout")
+    return left

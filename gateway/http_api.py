@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP bridge: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health, /metrics,
 and vLLM's /tokenize, /detokenize and /version.
 
-Errors leave as OpenAI-shaped bodies with the HTTP status their gRPC status maps to. A client that goes
-away cancels its generation (the target call), streaming or not; /v1/ is guarded by `http_asgi.RequestGuard`.
+Errors leave as OpenAI-shaped bodies (`gateway.http_errors`) with the HTTP status their gRPC status maps to.
+A client that goes away cancels its generation (the target call), streaming or not; /v1/ is guarded by
+`http_asgi.RequestGuard`. Generation and tokenizing requests hold an admission ticket (`gateway.admission`)
+until their answer is sent; a request's `timeout` (or X-Request-Timeout header) is its deadline.
 """
 
 import dataclasses
@@ -14,14 +16,17 @@ from importlib.metadata import version as distribution_version
 
 import structlog
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from gateway.admission import Admission, Ticket
 from gateway.auth import ApiKeys
 from gateway.choices import best_choices, choice_requests, complete_all, merged_streams
+from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InvalidRequest, openai_error_body
 from gateway.generation import TextDelta, TextGenerator, TextRequest
 from gateway.http_asgi import RequestGuard, unless_disconnected
+from gateway.http_errors import install_error_handlers
 from gateway.openai_responses import OpenAIResponse
 from gateway.openai_schema import (
     MAX_TARGET_REQUESTS,
@@ -31,9 +36,43 @@ from gateway.openai_schema import (
     TokenizeRequest,
     _Sampling,
 )
+from gateway.openapi_doc import install_openapi
 from protos.ssd.v1 import common_pb2
 
 log = structlog.get_logger(__name__)
+
+
+TIMEOUT_HEADER = "x-request-timeout"  # seconds, like the body's `timeout` (the smaller one wins)
+
+
+class HeldResponse(Response):
+    """A response that holds its request's admission ticket until it has been sent (a stream: to its end, or
+    until the client leaves), then releases it."""
+
+    def __init__(self, inner: Response, ticket: Ticket) -> None:
+        self.inner, self.ticket = inner, ticket
+        self.status_code, self.background = inner.status_code, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            self.inner.background = self.background
+            await self.inner(scope, receive, send)
+        finally:
+            self.ticket.release()
+
+
+def timeout_s(request: Request, body_timeout_s: float | None) -> float | None:
+    """The request's timeout: the body's `timeout` or the X-Request-Timeout header, the smaller one."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return body_timeout_s
+    try:
+        header_s = float(raw)
+    except ValueError:
+        header_s = float("nan")
+    if not 0 < header_s <= 86400:
+        raise InvalidRequest(f"the {TIMEOUT_HEADER} header must be seconds in (0, 86400]", param=TIMEOUT_HEADER)
+    return header_s if body_timeout_s is None else min(header_s, body_timeout_s)
 
 
 def _params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> common_pb2.SamplingParams:
@@ -72,20 +111,16 @@ def _sse(obj: dict) -> bytes:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
-def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, metrics_render) -> FastAPI:  # noqa: ANN001
+def build_app(generator: TextGenerator, keys: ApiKeys, config: GatewayConfig, metrics_render,  # noqa: ANN001
+              admission: Admission) -> FastAPI:
     app = FastAPI(title="ssd-serve gateway", docs_url=None, redoc_url=None)
-    app.add_middleware(RequestGuard, keys=keys, max_request_bytes=max_request_bytes)
+    app.add_middleware(RequestGuard, keys=keys, max_request_bytes=config.max_request_bytes,
+                       body_read_timeout_s=config.body_read_timeout_s, is_operator_guarded=config.is_metrics_guarded)
+    install_error_handlers(app)
+    install_openapi(app)
 
-    @app.exception_handler(GatewayError)
-    async def gateway_error(request: Request, e: GatewayError) -> JSONResponse:
-        return JSONResponse(openai_error_body(e.http_status, str(e), e.param), status_code=e.http_status)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        message = f"invalid request body: {loc + ': ' if loc else ''}{first.get('msg', 'malformed')}"
-        return JSONResponse(openai_error_body(400, message, loc or None), status_code=400)
+    async def admit(request: Request, deadline: float | None) -> Ticket:
+        return await admission.admit(keys.check(request.headers.get("authorization")), deadline)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -112,6 +147,16 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
                   score_only: bool = False) -> Response:
         """One response for every prompt's n choices (choice index = prompt index * n + i). `echoes`: per prompt,
         the text its choices start with; `score_only`: the answers (one token each) are dropped."""
+        ticket = await admit(request, prompts[0].deadline)
+        try:
+            return HeldResponse(await respond(request, request_id, prompts, sampling, chat, echoes, score_only), ticket)
+        except BaseException:
+            ticket.release()
+            raise
+
+    async def respond(request: Request, request_id: str, prompts: list[TextRequest],
+                      sampling: CompletionRequest | ChatCompletionRequest, chat: bool, echoes: list[str] | None,
+                      score_only: bool) -> Response:
         headers = {"x-request-id": request_id}
         n, candidates = sampling.n or 1, sampling.candidates()
         out = OpenAIResponse(request_id, generator.model_name, chat, len(prompts) * n, sampling.wanted_logprobs()
@@ -152,6 +197,9 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
                     yield _sse(out.usage_chunk([g for g in groups if g]))
             except GatewayError as e:
                 yield _sse(openai_error_body(e.http_status, str(e)))
+            except Exception:  # a bug: the stream ends with a 500 event, the traceback goes to the log
+                log.exception("unhandled error in a stream", request_id=request_id)
+                yield _sse(openai_error_body(500, "internal server error; the gateway's log has the details"))
             finally:
                 await deltas.aclose()  # client gone: cancels the target calls, freeing their KV
             yield b"data: [DONE]\n\n"
@@ -159,23 +207,28 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict:
-        """The prompt's token ids as the target would see them (vLLM's shape); chat messages through the template."""
+    async def tokenize(request: Request, body: TokenizeRequest) -> dict:
+        """The prompt's token ids as the target would see them (vLLM's shape); chat messages through the template.
+        Size-checked first, then rendered and tokenized off the event loop."""
         generator.check_model(body.model)
+        req = TextRequest(body.model, body.prompt or "", [m.for_template() for m in body.messages or []] or None,
+                          common_pb2.SamplingParams(), render=body.chat_render())
+        generator.check_prompt_size(req)
         tok = generator.tokenizer()
-        text = (tok.chat_prompt([m.for_template() for m in body.messages], body.chat_render()) if body.messages
-                else body.prompt)
-        ids = tok.encode(text or "")
+        render = (lambda: tok.chat_prompt(req.messages, req.render)) if req.messages else (lambda: req.prompt)
+        async with admission.slot(keys.check(request.headers.get("authorization"))):
+            ids = await generator.cpu.run(lambda: tok.encode(render()))
         return {"count": len(ids), "max_model_len": generator.max_model_len, "tokens": ids}
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict:
+    async def detokenize(request: Request, body: DetokenizeRequest) -> dict:
         generator.check_model(body.model)
         info = generator.router.info()
         vocab = info.vocab_size if info is not None else 0
         if vocab and any(t >= vocab for t in body.tokens):
             raise InvalidRequest(f"token ids must be below the vocabulary size {vocab}", param="tokens")
-        return {"prompt": generator.tokenizer().decode(body.tokens)}
+        async with admission.slot(keys.check(request.headers.get("authorization"))):
+            return {"prompt": await generator.cpu.run(generator.tokenizer().decode, body.tokens)}
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:
@@ -198,12 +251,14 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         if candidates > n and body.logprobs is None:
             params.logprobs = 0  # ranking the candidates needs each token's logprob; the response leaves them out
         request_id = uuid.uuid4().hex
+        deadline = generator.deadline(timeout_s(request, body.timeout))
         reqs = [TextRequest(body.model, p, None, params, body.stop_list(), body.mode, **body.text_options(),
-                            request_id=f"{request_id}-p{j}" if len(prompts) > 1 else request_id)
+                            request_id=f"{request_id}-p{j}" if len(prompts) > 1 else request_id, deadline=deadline)
                 for j, p in enumerate(prompts)]
         echoes = None
         if body.echo:
-            echoes = [p if isinstance(p, str) else generator.tokenizer().decode(p) for p in prompts]
+            echoes = [p if isinstance(p, str) else await generator.cpu.run(generator.tokenizer().decode, p)
+                      for p in prompts]
         return await run(request, request_id, reqs, body, chat=False, echoes=echoes, score_only=score_only)
 
     @app.post("/v1/chat/completions")
@@ -214,7 +269,7 @@ def build_app(generator: TextGenerator, keys: ApiKeys, max_request_bytes: int, m
         plan = body.tool_plan
         render = body.chat_render(body.template_tools(), plan is not None and plan.choice == "auto")
         req = TextRequest(body.model, None, messages, params, body.stop_list(), body.mode, render=render,
-                          **body.text_options())
+                          deadline=generator.deadline(timeout_s(request, body.timeout)), **body.text_options())
         return await run(request, req.request_id, [req], body, chat=True)
 
     return app

@@ -1,9 +1,10 @@
 """The HTTP bridge below FastAPI, at the ASGI layer: the /v1/ guard and client-disconnect watching.
 
 The guard checks the API key, then reads the body itself, counting bytes as chunks arrive, so the size
-limit holds with or without Content-Length (chunked transfer encoding); it stops reading past the limit.
-The app gets the buffered body replayed, and later `receive` calls pass through, so it still sees
-`http.disconnect` when the client goes away.
+limit holds with or without Content-Length (chunked transfer encoding); it stops reading past the limit,
+and gives up on a body that has not arrived within the read timeout (408: a slow client holds no
+connection for long). The app gets the buffered body replayed, and later `receive` calls pass through,
+so it still sees `http.disconnect` when the client goes away.
 """
 
 import asyncio
@@ -13,11 +14,11 @@ from typing import Any, TypeVar
 
 import structlog
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import ApiKeys
-from gateway.errors import GatewayError, openai_error_body
+from gateway.errors import GatewayError
+from gateway.http_errors import error_response
 
 log = structlog.get_logger(__name__)
 
@@ -26,6 +27,7 @@ _UNEXPECTED_MESSAGE_PAUSE_S = 0.1  # a server that answers `receive` without blo
 
 
 GUARDED_ROOT_PATHS = frozenset({"/tokenize", "/detokenize"})  # guarded like /v1/ (vLLM serves them at the root)
+OPERATOR_PATHS = frozenset({"/metrics", "/openapi.json"})  # guarded too when the config says so
 
 
 class BodyTooLarge(Exception):
@@ -33,29 +35,42 @@ class BodyTooLarge(Exception):
 
 
 class RequestGuard:
-    """ASGI middleware for /v1/ routes (and /tokenize, /detokenize): 401 without a valid API key, 413 past
-    `max_request_bytes`."""
+    """ASGI middleware for /v1/ routes (and /tokenize, /detokenize; /metrics and /openapi.json when
+    `is_operator_guarded`): 401 without a valid API key, 413 past `max_request_bytes`, 408 when the body takes
+    longer than `body_read_timeout_s`."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, max_request_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, max_request_bytes: int, body_read_timeout_s: float = 30.0,
+                 is_operator_guarded: bool = False) -> None:
         self.app = app
         self.keys = keys
         self.max_request_bytes = max_request_bytes
+        self.body_read_timeout_s = body_read_timeout_s
+        self.guarded_paths = GUARDED_ROOT_PATHS | (OPERATOR_PATHS if is_operator_guarded else frozenset())
+
+    def _is_guarded(self, path: str) -> bool:
+        return path.startswith("/v1/") or path in self.guarded_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not (scope["path"].startswith("/v1/") or scope["path"] in GUARDED_ROOT_PATHS):
+        if scope["type"] != "http" or not self._is_guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
         try:
             self.keys.check(headers.get("authorization"))
         except GatewayError as e:
-            await _error(401, str(e))(scope, receive, send)
+            await error_response(401, str(e))(scope, receive, send)
             return
         try:
-            body = await self._read_body(receive, headers.get("content-length"))
+            async with asyncio.timeout(self.body_read_timeout_s):
+                body = await self._read_body(receive, headers.get("content-length"))
         except BodyTooLarge as e:
             log.info("request body too large", path=scope["path"], limit=self.max_request_bytes)
-            await _error(413, str(e))(scope, receive, send)
+            await error_response(413, str(e))(scope, receive, send)
+            return
+        except TimeoutError:
+            log.info("request body too slow", path=scope["path"], timeout_s=self.body_read_timeout_s)
+            await error_response(408, f"the request body did not arrive within {self.body_read_timeout_s:g} s",
+                                 headers={"Connection": "close"})(scope, receive, send)
             return
         if body is None:  # the client left before sending the whole body: nobody to answer
             return
@@ -82,10 +97,6 @@ class RequestGuard:
 
 def _at_most(limit: int) -> str:
     return f"at most {limit} are allowed"
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(openai_error_body(status, message), status_code=status)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -1,12 +1,14 @@
 """The gateway's Prometheus metrics, in a registry of its own (no global state).
 
 Latencies and token counters are measured here; running / waiting / KV use come from the
-replicas' last GetLoad at scrape time; speculation counters from per-request stats.
+replicas' last GetLoad at scrape time; speculation counters from per-request stats; the admission
+queue's counts at scrape time.
 """
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from gateway.admission import Admission
 from gateway.router import Router
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -29,6 +31,17 @@ class _ReplicaLoadCollector:
         yield from (running, waiting, kv, healthy)
 
 
+class _AdmissionCollector:
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+        yield GaugeMetricFamily("ssd_gateway_requests_in_flight", "Requests holding an admission slot",
+                                value=self.admission.num_in_flight)
+        yield GaugeMetricFamily("ssd_gateway_requests_waiting", "Requests waiting for an admission slot",
+                                value=self.admission.num_waiting)
+
+
 class GatewayMetrics:
     def __init__(self, router: Router) -> None:
         self.registry = CollectorRegistry()
@@ -49,10 +62,17 @@ class GatewayMetrics:
         self.spec_accepted = Counter("ssd_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
         self.spec_hits = Counter("ssd_spec_decode_cache_hits", "Speculation cache hits (SSD)", registry=r)
         self.spec_misses = Counter("ssd_spec_decode_cache_misses", "Speculation cache misses (SSD)", registry=r)
+        self.rejected = Counter("ssd_gateway_rejected_requests", "Requests refused by admission (429 / "
+                                "RESOURCE_EXHAUSTED, or past their deadline while waiting)", ["reason"], registry=r)
         self.constrained = Counter("ssd_structured_output_requests", "Requests held to a grammar (structured "
                                    "output; named and required tool calls count as json_schema)", ["grammar"],
                                    registry=r)
         r.register(_ReplicaLoadCollector(router))
+
+    def watch(self, admission: Admission) -> None:
+        """Export the admission queue's in-flight and waiting counts, and count its refusals."""
+        self.registry.register(_AdmissionCollector(admission))
+        admission.on_reject = lambda reason: self.rejected.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

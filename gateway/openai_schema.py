@@ -6,6 +6,7 @@ are ignored, as OpenAI clients send many.
 """
 
 import json
+from collections.abc import Iterable
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -21,21 +22,29 @@ from pydantic import (
 )
 
 from gateway.errors import InvalidRequest
+from gateway.request_checks import MAX_TOP_LOGPROBS
 from gateway.tokenizer import ChatRender
 from gateway.tool_calls import Tool, ToolCall, ToolChoice, ToolPlan, plan_tools
 from protos.ssd.v1 import common_pb2
 
-MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (and the engine's limit)
 MAX_CHOICES = 16  # OpenAI `n` at most (each choice is a full request)
 MAX_TARGET_REQUESTS = 256  # prompts x choices (or best_of) of one completions request
-TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]  # fits the wire's int32; the target checks its vocabulary
+INT32_END = 2**31  # the wire's int32 fields hold less than this
+TokenId = Annotated[StrictInt, Field(ge=0, lt=INT32_END)]  # fits the wire's int32; checked against the vocabulary
+Count = Annotated[int, Field(ge=0, lt=INT32_END)]  # a count on the wire (int32)
+MAX_JSON_DEPTH = 64  # nesting of a request body (JSON schemas included); deeper bodies are refused
 
-# OpenAI option -> the values that ask for nothing (compared with ==, so 0 == 0.0 == False).
+# OpenAI option -> the values that ask for nothing (compared as JSON compares them: 0 == 0.0, but 0 != false).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "functions": (None, []),  # the deprecated forms of tools / tool_choice
     "function_call": (None, "none", "auto"),
 }
+
+
+def is_neutral(value: Any, neutrals: Iterable[Any]) -> bool:  # noqa: ANN401
+    """`value` is one of `neutrals` as JSON values (a boolean equals only a boolean)."""
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutrals)
 
 
 _REGEX_META = frozenset("\\.+*?()|[]{}^$")
@@ -47,16 +56,18 @@ def choice_regex(choices: list[str]) -> str:
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     name: str | None = None
     description: str | None = None
     json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # None: any JSON value
-    strict: bool | None = None  # the schema is always enforced
+    strict: StrictBool | None = None  # the schema is always enforced
 
 
 class ResponseFormat(BaseModel):
     """OpenAI's response_format: free text, any JSON object, or JSON that follows a schema."""
+
+    model_config = ConfigDict(strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -76,28 +87,69 @@ class ResponseFormat(BaseModel):
         return json.dumps({} if schema is None else schema)
 
 
+def ill_formed(value: Any) -> str | None:  # noqa: ANN401
+    """Why a parsed JSON body cannot be served (a string that is not valid UTF-8, i.e. a lone surrogate
+    escape such as "\\ud800"; nesting deeper than MAX_JSON_DEPTH), with where; None when it is fine.
+    Iterative, so a deep body cannot exhaust the stack."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"the request body nests deeper than {MAX_JSON_DEPTH} levels (at {where or 'the top'})"
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return f"{where or 'the body'} is not valid UTF-8 text (a lone surrogate)"
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                stack.append((k, where, depth + 1))
+                stack.append((v, f"{where}.{k}" if where else str(k), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}.{i}" if where else str(i), depth + 1) for i, v in enumerate(item))
+    return None
+
+
+class _Body(BaseModel):
+    """A request body: refused when ill_formed, before any field is read. Strict: a JSON value has the type its
+    field documents (no "5" for 5, no false for 0), as the OpenAPI document says."""
+
+    model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _well_formed(cls, data: Any) -> Any:  # noqa: ANN401
+        problem = ill_formed(data)
+        if problem is not None:
+            raise ValueError(problem)
+        return data
+
+
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: StrictBool = False  # a last chunk with the usage of every choice
     continuous_usage_stats: StrictBool = False  # extension (vLLM): each chunk carries its choice's usage so far
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)  # extension (vLLM-style)
+    top_k: Count = 0  # extension (vLLM-style)
     ignore_eos: StrictBool = False  # extension (vLLM-style): EOS does not end the answer
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)  # extension (vLLM / HF): prompt and answer tokens
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM): relative probability floor
-    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): EOS / stop token ids barred before this many
+    min_tokens: Count = 0  # extension (vLLM): EOS / stop token ids barred before this many
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM): token ids that end the answer
     include_stop_str_in_output: StrictBool = False  # extension (vLLM): the stop string that ended the text stays
-    truncate_prompt_tokens: int | None = Field(default=None, ge=1)  # extension (vLLM): the prompt's last N tokens
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1, lt=INT32_END)  # extension (vLLM): last N tokens
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # the wire's int64
+    timeout: float | None = Field(default=None, gt=0.0, le=86400.0)  # extension: seconds; past it 504
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
@@ -105,9 +157,9 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
-    suffix: Any = None
-    functions: Any = None
-    function_call: Any = None
+    suffix: Any = Field(default=None, json_schema_extra={"enum": list(NEUTRAL_VALUES["suffix"])})
+    functions: Any = Field(default=None, json_schema_extra={"enum": list(NEUTRAL_VALUES["functions"])})
+    function_call: Any = Field(default=None, json_schema_extra={"enum": list(NEUTRAL_VALUES["function_call"])})
     response_format: ResponseFormat | None = None  # structured output (json_object, json_schema)
     guided_json: dict[str, Any] | str | None = None  # extension (vLLM): a JSON schema the answer follows
     guided_regex: str | None = None  # extension (vLLM): a regular expression the whole answer matches
@@ -118,7 +170,7 @@ class _Sampling(BaseModel):
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
         name = str(info.field_name)
-        if not any(value == neutral for neutral in NEUTRAL_VALUES[name]):
+        if not is_neutral(value, NEUTRAL_VALUES[name]):
             accepted = ", ".join(repr(v) for v in NEUTRAL_VALUES[name][1:])
             raise ValueError(f"{name}={value!r} is not supported by this server (accepted: {accepted} or leave it out)")
         return value
@@ -160,19 +212,27 @@ class _Sampling(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+CHAT_ONLY_NEUTRAL: list[Any] = [None, [], "none", "auto"]  # what /v1/completions accepts of tools, tool_choice
+
+
 class CompletionRequest(_Sampling):
+    # for the OpenAPI document: max_tokens 0 only scores the prompt (echo, not streamed)
+    model_config = ConfigDict(extra="ignore", json_schema_extra={
+        "if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+        "then": {"required": ["echo"], "properties": {"echo": {"const": True}, "stream": {"not": {"const": True}}}}})
+
     # text, several texts, token ids, or several token-id lists (as OpenAI's completions accept)
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # candidates; the n likeliest are returned
     echo: StrictBool = False  # the prompt leads the text (and, with logprobs, the logprobs: its first token unscored)
-    tools: Any = None  # chat options, refused here unless neutral
-    tool_choice: Any = None
+    tools: Any = Field(default=None, json_schema_extra={"enum": CHAT_ONLY_NEUTRAL})  # chat options: neutral only
+    tool_choice: Any = Field(default=None, json_schema_extra={"enum": CHAT_ONLY_NEUTRAL})
 
     @field_validator("tools", "tool_choice")
     @classmethod
     def _chat_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
-        if value not in (None, [], "none", "auto"):
+        if not is_neutral(value, CHAT_ONLY_NEUTRAL):
             raise ValueError(f"{info.field_name} is not supported on /v1/completions: function calling is a "
                              "/v1/chat/completions option")
         return value
@@ -200,12 +260,22 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text"]
     text: str
 
 
+_MESSAGE_RULES = {"allOf": [  # _complete, for the OpenAPI document
+    {"if": {"not": {"required": ["role", "tool_calls"],
+                    "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}}}},
+     "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}}},
+    {"if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+     "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}}]}
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_MESSAGE_RULES, strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None  # None only for an assistant message that called tools
@@ -241,7 +311,7 @@ class Message(BaseModel):
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
-class _ChatRendering(BaseModel):
+class _ChatRendering(_Body):
     """vLLM's chat-template options (chat completions and /tokenize)."""
 
     add_generation_prompt: StrictBool = True  # open the assistant's turn after the messages
@@ -268,11 +338,12 @@ class _ChatRendering(BaseModel):
 
 class ChatCompletionRequest(_ChatRendering, _Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_tokens: Annotated[int, Field(ge=1, lt=INT32_END)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, lt=INT32_END)] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: Any = None  # completions options, refused here unless neutral
-    echo: Any = None
+    best_of: Any = Field(default=None, json_schema_extra={"enum": [None, 1]})  # completions options: neutral only
+    echo: Any = Field(default=None, json_schema_extra={"enum": [None, False]})
     tools: list[Tool] | None = None  # function calling (gateway/tool_calls.py)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool = True  # "required" may answer with several calls
@@ -280,7 +351,7 @@ class ChatCompletionRequest(_ChatRendering, _Sampling):
     @field_validator("best_of", "echo")
     @classmethod
     def _completions_only(cls, value: Any, info: ValidationInfo) -> Any:  # noqa: ANN401
-        if value not in (None, 1 if info.field_name == "best_of" else False):
+        if not is_neutral(value, (None, 1 if info.field_name == "best_of" else False)):
             raise ValueError(f"{info.field_name}={value!r} is not supported by this server on chat completions "
                              "(a /v1/completions option)")
         return value
@@ -320,7 +391,9 @@ class ChatCompletionRequest(_ChatRendering, _Sampling):
 class TokenizeRequest(_ChatRendering):
     """vLLM's /tokenize: a prompt, or chat messages rendered by the chat template (as the target would see them)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [  # exactly one of them (_one_input)
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
 
     model: str | None = None
     prompt: str | None = None
@@ -333,7 +406,7 @@ class TokenizeRequest(_ChatRendering):
         return self
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None

@@ -58,7 +58,8 @@ class TextTokenizer:
             self._template = env.from_string(files.chat_template)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode does not): the event loop goes on meanwhile
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

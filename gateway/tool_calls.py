@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from gateway.errors import InvalidRequest
 
@@ -34,27 +34,33 @@ _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLO
 
 
 class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments; None = no arguments
-    strict: bool | None = None  # the schema is always enforced
+    strict: StrictBool | None = None  # the schema is always enforced
 
     def schema(self) -> dict[str, Any]:
         return self.parameters if self.parameters else NO_ARGUMENTS
 
 
 class Tool(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["function"]
     function: FunctionDef
 
 
 class FunctionName(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     name: str
 
 
 class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["function"]
     function: FunctionName
 
@@ -63,11 +69,15 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class CalledFunction(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     name: str
     arguments: str  # JSON text, as OpenAI sends it back
 
 
 class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     """A call in an assistant message of the conversation so far."""
 
     id: str

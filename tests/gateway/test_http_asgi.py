@@ -14,9 +14,11 @@ import httpx
 import pytest
 import uvicorn
 
+from gateway.admission import Admission
 from gateway.auth import ApiKeys
+from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest
-from gateway.generation import TextDelta, TextGenerator, TextRequest
+from gateway.generation import CpuPool, TextDelta, TextGenerator, TextRequest
 from gateway.http_api import build_app
 from protos.ssd.v1 import common_pb2
 
@@ -29,10 +31,16 @@ CHUNK = b" " * 512  # JSON whitespace: an over-limit body is still a well-formed
 class StubGenerator:
     """What build_app needs of a TextGenerator: answers 'ok' at once, or hangs until cancelled."""
 
-    check_model = TextGenerator.check_model  # the real checks, over the stub's model name and router
+    check_model = TextGenerator.check_model  # the real checks, over the stub's model name, router and config
+    check_prompt_size = TextGenerator.check_prompt_size
+    deadline = TextGenerator.deadline
     max_model_len = TextGenerator.max_model_len
+    max_prompt_tokens = TextGenerator.max_prompt_tokens
+    cpu = CpuPool(2)
 
-    def __init__(self, *, is_hanging: bool = False, error: Exception | None = None) -> None:
+    def __init__(self, *, is_hanging: bool = False, error: Exception | None = None,
+                 config: GatewayConfig | None = None) -> None:
+        self.config = config or GatewayConfig(targets=("stub:1",), is_auth_disabled=True, max_request_bytes=LIMIT)
         self.router = SimpleNamespace(replicas=[], info=lambda: None)
         self.model_name = "stub"
         self.is_hanging = is_hanging
@@ -66,8 +74,9 @@ class StubGenerator:
         yield TextDelta("k", [2], "length", prompt_tokens=3, completion_tokens=2)
 
 
-def make_app(generator: StubGenerator):  # noqa: ANN201
-    return build_app(generator, ApiKeys(frozenset({KEY}), is_disabled=False), LIMIT, lambda: b"")
+def make_app(generator: StubGenerator, admission: Admission | None = None):  # noqa: ANN201
+    admission = admission or Admission(generator.config.max_in_flight, generator.config.max_waiting)
+    return build_app(generator, ApiKeys(frozenset({KEY}), is_disabled=False), generator.config, lambda: b"", admission)
 
 
 def chunked_body(num_chunks: int, pulled: list[int]):  # noqa: ANN201
