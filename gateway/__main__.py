@@ -49,7 +49,8 @@ async def serve(config: GatewayConfig) -> None:
     http_task = asyncio.create_task(http.serve())
     spec = ServiceSpec("ssd.v1.Generation", GenerationServicer(generator, keys, admission),
                        gateway_pb2_grpc.add_GenerationServicer_to_server)
-    server = GrpcServer([spec], config.grpc_address, {}, grace_s=config.grace_s)
+    server = GrpcServer([spec], config.grpc_address, {}, grace_s=config.grace_s,
+                        max_receive_bytes=config.max_grpc_message_bytes)
 
     async def on_stop() -> None:
         http.should_exit = True

@@ -55,15 +55,25 @@ class ServiceSpec:
     add: Callable[[object, aio.Server], None]
 
 
+def _server_options(max_receive_bytes: int | None) -> list[tuple[str, int]]:
+    options = [*SERVER_OPTIONS, ("grpc.so_reuseport", 0)]  # a taken port is an error, never a shared port
+    if max_receive_bytes is not None:
+        options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
+        options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    return options
+
+
 class GrpcServer:
     def __init__(self, services: Sequence[ServiceSpec], address: str, status_table: StatusTable,
-                 grace_s: float = 10.0, tls: TlsFiles | None = None, is_internal: bool = False) -> None:
+                 grace_s: float = 10.0, tls: TlsFiles | None = None, is_internal: bool = False,
+                 max_receive_bytes: int | None = None) -> None:
+        """`max_receive_bytes`: a smaller limit on incoming messages than the shared one (the public gateway)."""
         self.services = list(services)
         self.address = address
         self.grace_s = grace_s
         self.health = health.aio.HealthServicer()
         self.server = aio.server(interceptors=[ErrorMappingInterceptor(status_table)],
-                                 options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)])
+                                 options=_server_options(max_receive_bytes))
         for spec in self.services:
             spec.add(spec.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

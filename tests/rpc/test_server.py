@@ -97,3 +97,13 @@ def test_a_model_service_bound_beyond_loopback_without_tls_is_warned_about():
 
     assert asyncio.run(bind("127.0.0.1:0")) == []
     assert any("plaintext" in event for event in asyncio.run(bind("0.0.0.0:0")))
+
+
+def test_a_server_can_take_a_smaller_receive_limit():
+    from rpc.options import MAX_MESSAGE_BYTES
+    from rpc.server import _server_options
+
+    shared = dict(_server_options(None))
+    assert shared["grpc.max_receive_message_length"] == MAX_MESSAGE_BYTES and shared["grpc.so_reuseport"] == 0
+    limited = _server_options(4 << 20)
+    assert [v for k, v in limited if k == "grpc.max_receive_message_length"] == [4 << 20]
