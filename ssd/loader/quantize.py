@@ -2,7 +2,7 @@
 computed from its float weights at load.
 
 `quantization` (EngineConfig): "none"; "auto" = the checkpoint's own quantization if it has one (a GGUF
-import's int4 cache, ssd/loader/gguf_quant.py), else none; "int8" (per output channel); "int4" or "int4:G"
+import's int4 cache, ssd/quantized_weights.py), else none; "int8" (per output channel); "int4" or "int4:G"
 (groups of G input features; plain int4 uses the checkpoint's own int4 weights where it has them, else
 groups of 32). Embeddings and the LM head stay float: the default model ties them, its GGUF holds them as
 Q8_0 (per-block scales, which the per-channel int8 kernel cannot hold exactly), and its lookup reads one row.
@@ -18,15 +18,16 @@ from torch import nn
 
 from ssd.errors import CheckpointError, InvalidRequestError
 from ssd.layers.linear import quantizable_linears
-from ssd.layers.quantized_linear import (
+from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
+from ssd.quantized_weights import (
+    GGUF_BLOCK,
     INT4_GROUP_SIZES,
-    Int4Matmul,
     Int4Weight,
-    Int8Matmul,
+    has_int4_cache,
+    load_int4_cache,
     quantize_int4,
     quantize_int8,
 )
-from ssd.loader.gguf_quant import GGUF_BLOCK, has_int4_cache, load_int4_cache
 
 log = structlog.get_logger(__name__)
 

@@ -6,8 +6,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul, quantize_int4, quantize_int8
-from ssd.loader.gguf_quant import decode_q4_blocks, unpermute_rows
+from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
+from ssd.quantized_weights import decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
 
 CPU = torch.device("cpu")
 # float32: the kernels and the references sum the same products; bfloat16 rounds the activations' partial sums
@@ -26,7 +26,7 @@ def test_int4_kernel_matches_reference(dtype, group_size, rows):
     matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), group_size), dtype, CPU)
     assert matmul.packed is not None  # the kernel runs, not the reference twice
     x = torch.randn(rows, 128).to(dtype)
-    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[dtype]
+    assert relative_error(matmul.kernel(x), matmul.reference(x)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -36,7 +36,7 @@ def test_int8_kernel_matches_reference(dtype, rows):
     matmul = Int8Matmul(quantize_int8(torch.randn(96, 128)), dtype, CPU)
     assert matmul.has_kernel
     x = torch.randn(rows, 128).to(dtype)
-    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[dtype]
+    assert relative_error(matmul.kernel(x), matmul.reference(x)) < TOLERANCE[dtype]
 
 
 def test_quantizers_round_trip_within_half_a_step():
@@ -54,9 +54,8 @@ def test_a_planted_convention_bug_is_caught():
     torch.manual_seed(0)
     weight = quantize_int4(torch.randn(64, 64), 32)
     x = torch.randn(3, 64)
-    wrong = (weight.unpacked().float() * weight.scales.repeat_interleave(32, 1)
-             + weight.zeros.repeat_interleave(32, 1))
-    assert relative_error(x @ wrong.T, Int4Matmul(weight, torch.float32, CPU)(x)) > 0.1
+    wrong = weight.unpacked().float() * weight.scales.repeat_interleave(32, 1) + weight.zeros.repeat_interleave(32, 1)
+    assert relative_error(x @ wrong.T, Int4Matmul(weight, torch.float32, CPU).kernel(x)) > 0.1
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
