@@ -151,17 +151,22 @@ def read_gguf_int4(gguf: Path, num_heads: int, num_kv_heads: int) -> dict[str, I
 def import_gguf_int4(gguf: Path, folder: Path, num_heads: int, num_kv_heads: int) -> int:
     """Write the cache file of `gguf`'s 4-bit linears into `folder`; returns how many (0: none, no file)."""
     weights = read_gguf_int4(gguf, num_heads, num_kv_heads)
-    if not weights:
-        return 0
-    tensors = {}
-    for name, w in weights.items():
-        tensors |= {f"{name}.codes": w.codes, f"{name}.scales": w.scales, f"{name}.zeros": w.zeros}
+    if weights:
+        save_int4_cache(folder, weights, source=gguf.name)
+    return len(weights)
+
+
+def save_int4_cache(folder: Path, weights: dict[str, Int4Weight], source: str) -> None:
+    """Write `weights` (by HF checkpoint name, without `.weight`) as `folder`'s int4 cache, atomically."""
+    tensors = {f"{name}.{part}": getattr(w, part).contiguous() for name, w in weights.items() for part in _PARTS}
+    group_sizes = {w.group_size for w in weights.values()}
+    if group_sizes != {GGUF_BLOCK}:
+        raise CheckpointError(f"the int4 cache holds groups of {GGUF_BLOCK} only, got {sorted(group_sizes)}")
     tmp = folder / f".{CACHE_NAME}.partial"
-    save_file(tensors, str(tmp), metadata={"method": "int4", "group_size": str(GGUF_BLOCK), "source": gguf.name})
+    save_file(tensors, str(tmp), metadata={"method": "int4", "group_size": str(GGUF_BLOCK), "source": source})
     tmp.chmod(0o644)  # safetensors writes owner-only, like the float folder's weights before their chmod
     tmp.replace(folder / CACHE_NAME)
-    log.info("cached the gguf's int4 weights", file=CACHE_NAME, num_linears=len(weights))
-    return len(weights)
+    log.info("cached int4 weights", file=CACHE_NAME, source=source, num_linears=len(weights))
 
 
 def has_int4_cache(folder: Path) -> bool:
