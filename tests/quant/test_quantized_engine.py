@@ -134,3 +134,14 @@ def _interleave_shards(layer, y: torch.Tensor) -> torch.Tensor:
         return y
     rank_parts = [p.split(sizes, dim=1) for p in y.chunk(2, dim=1)]
     return torch.cat([rank_parts[r][i] for i in range(len(sizes)) for r in range(2)], dim=1)
+
+
+@pytest.mark.parametrize("quantization", ["int4", "own"])
+def test_sharded_quantized_target_equals_the_whole_one(models, tmp_path, quantization):
+    """Two real ranks (worker processes) on int4 shards: greedy tokens equal the unsharded int4 model's."""
+    folder = _copy_with_int4_cache(models[0], tmp_path) if quantization == "own" else models[0]
+    options = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8, num_threads=1, quantization="int4")
+    whole = _greedy(LLM(str(folder), **options), 4)
+    with LLM(str(folder), tensor_parallel_size=2, **options) as sharded:
+        assert sharded.engine.worker.quantization.is_own == (quantization == "own")
+        assert _greedy(sharded, 4) == whole
