@@ -77,3 +77,44 @@ def test_unpermute_rows_inverts_llama_cpp_order():
     # llama.cpp's converter: rows of each head, halves -> interleaved pairs
     permuted = w.reshape(heads, 2, head_dim // 2, 4).transpose(1, 2).reshape(w.shape)
     torch.testing.assert_close(unpermute_rows(permuted, heads), w)
+
+
+def test_a_gguf_file_imports_to_hf_names_and_row_order(tmp_path):
+    """A tiny GGUF (llama.cpp's q/k row order, Q4_1 and Q4_0 blocks, a float norm): the int4 cache holds the
+    HF-named, HF-ordered weights, and the float tensors are left out."""
+    import gguf
+
+    from ssd.quantized_weights import import_gguf_int4, load_int4_cache
+
+    heads, kv_heads, head_dim, hidden = 2, 1, 8, 64
+    rng = np.random.default_rng(0)
+    hf = {"attn_q": rng.standard_normal((heads * head_dim, hidden)), "attn_k": rng.standard_normal((head_dim, hidden)),
+          "ffn_down": rng.standard_normal((hidden, 64))}
+    kinds = {"attn_q": "Q4_1", "attn_k": "Q4_1", "ffn_down": "Q4_0"}
+
+    def permute(w: np.ndarray, n: int) -> np.ndarray:  # llama.cpp's converter: halves -> interleaved pairs
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    writer = gguf.GGUFWriter(tmp_path / "tiny.gguf", "llama")
+    expected = {}
+    for role, w in hf.items():
+        stored = permute(w, heads if role == "attn_q" else kv_heads) if role != "ffn_down" else w
+        qtype = GGMLQuantizationType[kinds[role]]
+        raw = quantize(stored.astype(np.float32), qtype)
+        writer.add_tensor(f"blk.0.{role}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+        values = torch.from_numpy(dequantize(raw, qtype).astype(np.float32))
+        expected[role] = values if role == "ffn_down" else unpermute_rows(values, heads if role == "attn_q" else kv_heads)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    assert import_gguf_int4(tmp_path / "tiny.gguf", tmp_path, heads, kv_heads) == 3
+    cache = load_int4_cache(tmp_path)
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "ffn_down": "mlp.down_proj"}
+    assert sorted(cache) == sorted(f"model.layers.0.{n}" for n in names.values())
+    for role, name in names.items():
+        got = cache[f"model.layers.0.{name}"].dequantize()
+        torch.testing.assert_close(got, expected[role], rtol=0, atol=1e-6)
+        assert (got - torch.from_numpy(hf[role]).float()).abs().max() < 0.5  # the HF row order, not llama.cpp's
