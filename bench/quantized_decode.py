@@ -139,7 +139,7 @@ def quality(args: argparse.Namespace) -> dict:
     agrees, and mean KL(p || q). In float32 int4 dequantizes to the GGUF's values: the two models are one."""
     torch.set_num_threads(args.threads[0])
     ref = LLM(args.model, dtype="float32", enable_prefix_caching=False)  # the exact dequantized model
-    own = LLM(args.model, dtype=args.dtype, quantization="auto", enable_prefix_caching=False)
+    own = LLM(args.model, dtype=args.dtype, quantization=args.quantization, enable_prefix_caching=False)
     results = {}
     for dataset in ("mtbench", "humaneval"):
         matches = total = 0
@@ -155,7 +155,7 @@ def quality(args: argparse.Namespace) -> dict:
         results[dataset] = {"positions": total, "greedy_match_rate": round(matches / total, 4),
                             "mean_kl": round(kl_sum / total, 5)}
         print(json.dumps({dataset: results[dataset]}), flush=True)
-    return {"quality": results, "int4_dtype": args.dtype, "reference_dtype": "float32"}
+    return {"quality": results, "dtype": args.dtype, "quantization": args.quantization, "reference_dtype": "float32"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--numseqs", type=int, default=8, help="quality: prompts per data set")
     p.add_argument("--dtype", default="float32", help="quality: the int4 model's activation dtype")
+    p.add_argument("--quantization", default="auto", help="quality: the compared model's (none: a dtype baseline)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     doc = {"speed": speed, "linears": linears, "quality": quality}[args.what](args)
