@@ -70,7 +70,7 @@ class _Linear(nn.Module):
         """Run on `matmul` (this rank's shard, quantized) from now on; the float weight is dropped."""
         if (matmul.out_features, matmul.in_features) != tuple(self.weight.shape):
             raise CheckpointError(f"quantized weight {matmul.out_features}x{matmul.in_features} "
-                             f"!= {tuple(self.weight.shape)}")
+                                  f"!= {tuple(self.weight.shape)}")
         self.quantized = matmul
         self.packed = None
         self.weight = None  # type: ignore[assignment]
