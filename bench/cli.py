@@ -10,6 +10,7 @@ from bench.runner import BenchSettings, by_dataset, run_benchmarks
 from ssd.cli_flags import add_dtype_flag, add_speculation_flags, tree_from_args
 from ssd.dtypes import resolve_dtype_name
 from ssd.errors import InvalidRequestError
+from ssd.quant_flags import add_quantization_flag
 
 MODES = ("ar", "sd", "ssd", "hf", "hf-assisted")
 
@@ -60,6 +61,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_int_list, default=[1], help="prompts decoded together (comma list)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     add_dtype_flag(p, whose="the target's")
+    add_quantization_flag(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
     p.add_argument("--target-core", type=int, default=None,
@@ -97,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
-            tensor_parallel_size=args.tensor_parallel_size,
+            tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
         )
         if args.target_core is not None:
             import os

@@ -7,6 +7,7 @@ import time
 from ssd.cli_flags import add_dtype_flag, add_speculation_flags, speculation_from_args
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
+from ssd.quant_flags import add_quantization_flag
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -14,6 +15,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder or known model name")
     add_dtype_flag(p, extra_choices=("float16",))
+    add_quantization_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
@@ -26,6 +28,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     spec = speculation_from_args(args, is_ssd=args.mode == "ssd") if args.mode in ("sd", "ssd") else None
     llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=spec,
+              quantization=args.quantization,
               tensor_parallel_size=args.tensor_parallel_size)
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
 from ssd.cli_flags import add_dtype_flag
 from ssd.model_store import DEFAULT_DRAFT
+from ssd.quant_flags import add_quantization_flag
 
 if TYPE_CHECKING:
     from deploy.local import StackConfig  # imports grpc: only when serving
@@ -28,6 +29,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
     add_dtype_flag(s, whose="the models'")
+    add_quantization_flag(s)
     s.add_argument("--device", default="cpu",
                    help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
     s.add_argument("--targets", type=int, default=1, help="target replicas")
@@ -61,6 +63,7 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     draft = None if args.draft == "none" else args.draft
     tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
     return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
+                       quantization=args.quantization,
                        tensor_parallel_size=args.tensor_parallel_size,
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=api_key(args, os.environ), log_dir=args.log_dir,

@@ -47,6 +47,7 @@ class StackConfig:
     model: str  # target checkpoint folder or known name
     draft: str | None = "ngram"  # None = no draft service (ar only)
     dtype: str = "auto"  # the target's; see ssd/dtypes.py
+    quantization: str = "none"  # the target's linear weights (EngineConfig.quantization)
     device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
     tensor_parallel_size: int = 1  # CPU ranks per target (one core each where there are enough)
@@ -149,7 +150,7 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
     address = f"127.0.0.1:{free_port()}"
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
-            "--tensor-parallel-size", str(c.tensor_parallel_size),
+            "--tensor-parallel-size", str(c.tensor_parallel_size), "--quantization", c.quantization,
             "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
             "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args()]
     if stack.draft_address:

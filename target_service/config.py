@@ -9,6 +9,7 @@ from ssd.cli_flags import add_dtype_flag
 from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
+from ssd.quant_flags import add_quantization_flag
 
 MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
 
@@ -19,6 +20,7 @@ class TargetServiceConfig:
     address: str = "127.0.0.1:50051"  # host:port to listen on
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
     dtype: str = "auto"  # bfloat16 where the device runs it natively, else float32 (ssd/dtypes.py)
+    quantization: str = "none"  # the linear weights (EngineConfig.quantization)
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
     num_threads: int = 1  # torch intra-op threads (per tensor-parallel rank)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (worker processes of this service)
@@ -82,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
     add_dtype_flag(p, default=env.get("SSD_TARGET_DTYPE", "auto"), whose="the target's")
+    add_quantization_flag(p, default=env.get("SSD_TARGET_QUANTIZATION", "none"), whose="the model's")
     p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
                    help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))
@@ -125,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     return TargetServiceConfig(
         max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
         model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
+        quantization=a.quantization,
         num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, prefill_chunk_tokens=a.prefill_chunk_tokens,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,

@@ -100,7 +100,8 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
                 [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD] if proposer else []),
             num_kv_blocks=engine_loop.engine.block_manager.num_blocks,
             block_size=engine_loop.engine.block_manager.block_size,
-            dtype=dtype_name(engine_loop.engine.worker.dtype))  # "auto" resolved
+            dtype=dtype_name(engine_loop.engine.worker.dtype),  # "auto" resolved
+            quantization=engine_loop.engine.worker.quantization.describe())  # "auto" resolved
 
     def _mode(self, mode: int) -> int:
         """The request's mode, or the service's default when it names none."""

@@ -94,7 +94,7 @@ class LLMEngine:
         self._seed_source = torch.Generator().manual_seed(config.seed)
         log.info("engine ready", model=str(path), dtype=dtype_name(self.worker.dtype), device=str(self.device),
                  kv_blocks=self.worker.num_blocks, max_model_len=max_len, load_s=round(self.worker.load_s, 2),
-                 tensor_parallel_size=config.tensor_parallel_size)
+                 tensor_parallel_size=config.tensor_parallel_size, quantization=self.worker.quantization.describe())
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (they also stop when this process exits)."""

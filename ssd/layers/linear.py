@@ -4,6 +4,8 @@ Column-parallel layers split the output features across ranks, row-parallel laye
 input features and sum partial results. Each parameter carries a `weight_loader` that takes the
 full checkpoint tensor and keeps this rank's shard; packed layers (fused QKV, fused gate-up) also
 take a shard id naming which checkpoint tensor is being loaded. At size 1 they are plain linears.
+A layer may swap its float weight for a quantized one (`use_quantized`, after loading); the same weight
+loaders shard the quantized tensors, which keep output features on dim 0 and input features on dim 1.
 """
 
 import structlog
@@ -12,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.distributed import current_tp, divide
+from ssd.errors import CheckpointError
+from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +48,7 @@ class _Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
+        self.quantized: Int4Matmul | Int8Matmul | None = None  # a submodule once set (not a class attribute)
         self.tp = current_tp()  # the ranks this layer is sharded over (size 1: whole)
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
@@ -57,11 +62,27 @@ class _Linear(nn.Module):
         param.data.copy_(loaded)
 
     def pack(self) -> None:
-        """Prepare the loaded weight for fast inference matmuls (call after loading)."""
-        self.packed = onednn_pack(self.weight)
+        """Prepare the loaded weight for fast inference matmuls (call after loading); quantized: no-op."""
+        if self.quantized is None:
+            self.packed = onednn_pack(self.weight)
+
+    def use_quantized(self, matmul: Int4Matmul | Int8Matmul) -> None:
+        """Run on `matmul` (this rank's shard, quantized) from now on; the float weight is dropped."""
+        if (matmul.out_features, matmul.in_features) != tuple(self.weight.shape):
+            raise CheckpointError(f"quantized weight {matmul.out_features}x{matmul.in_features} "
+                                  f"!= {tuple(self.weight.shape)}")
+        self.quantized = matmul
+        self.packed = None
+        self.weight = None  # type: ignore[assignment]
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # [N, in] -> [N, out]
+        if self.quantized is None:
+            return packed_linear(x, self.packed, self.weight, bias)
+        y = self.quantized(x)
+        return y if bias is None else y + bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.packed, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(_Linear):
@@ -120,8 +141,13 @@ class RowParallelLinear(_Linear):
         param.data.copy_(loaded.narrow(1, self.tp.rank * shard, shard))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = packed_linear(x, self.packed, self.weight, self.bias if self.tp.rank == 0 else None)
+        y = self.matmul(x, self.bias if self.tp.rank == 0 else None)
         return self.tp.all_reduce(y)
+
+
+def quantizable_linears(model: nn.Module) -> list[tuple[str, _Linear]]:
+    """The (name, layer) of every linear layer of `model` that still runs on a float weight."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, _Linear) and m.quantized is None]
 
 
 def pack_linear_weights(model: nn.Module) -> int:

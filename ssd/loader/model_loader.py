@@ -1,16 +1,26 @@
-"""Build a model for a checkpoint folder: read its config, pick the class, load the weights."""
+"""Build a model for a checkpoint folder: read its config, pick the class, load the weights, quantize them."""
 
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ssd.loader.quantize import QuantizationSpec, quantize_model, resolve_quantization
 from ssd.loader.safetensors_loader import load_weights
 from ssd.model_config import ModelConfig, load_model_config
 from ssd.models.registry import model_class
 
 
-def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, ModelConfig]:
+def load_model(folder: Path, dtype: torch.dtype, quantization: str = "none") -> tuple[nn.Module, ModelConfig]:
+    """The model of `folder` in `dtype`, its linears on `quantization` (an EngineConfig.quantization value)."""
+    model, config, _ = load_quantized_model(folder, dtype, quantization)
+    return model, config
+
+
+def load_quantized_model(folder: Path, dtype: torch.dtype,
+                         quantization: str) -> tuple[nn.Module, ModelConfig, QuantizationSpec]:
+    """`load_model`, also returning what `quantization` resolved to for this checkpoint."""
+    spec = resolve_quantization(quantization, folder)
     config = load_model_config(folder)
     cls = model_class(config)
     previous = torch.get_default_dtype()
@@ -20,5 +30,6 @@ def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, ModelConfig
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, folder)
+    quantize_model(model, folder, spec, dtype)
     model.eval()
-    return model, config
+    return model, config, spec

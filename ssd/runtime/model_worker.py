@@ -19,7 +19,7 @@ from ssd.dtypes import parse_dtype
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
 from ssd.layers.linear import pack_linear_weights
-from ssd.loader.model_loader import load_model
+from ssd.loader.model_loader import load_quantized_model
 from ssd.loader.safetensors_loader import read_tensor
 from ssd.runtime.model_runner import ModelRunner
 
@@ -40,6 +40,7 @@ class ModelWorker:
         enable_prefix_caching: bool = True,
         device: str | torch.device = "cpu",
         tp: TensorParallel = WHOLE,
+        quantization: str = "none",
     ) -> None:
         started = time.perf_counter()
         self.path = path
@@ -47,7 +48,7 @@ class ModelWorker:
         self.dtype = parse_dtype(dtype, self.device)  # "auto": bfloat16 where the device runs it natively
         self.tp = tp
         with tensor_parallel(tp):
-            self.model, self.model_config = load_model(path, self.dtype)
+            self.model, self.model_config, self.quantization = load_quantized_model(path, self.dtype, quantization)
         self.model.to(self.device)  # a no-op on CPU
         if linear_backend == "onednn" and self.device.type == "cpu":  # oneDNN packing is a CPU weight layout
             pack_linear_weights(self.model)
@@ -65,7 +66,7 @@ class ModelWorker:
                    tp: TensorParallel = WHOLE) -> "ModelWorker":
         """The target's worker (or one rank's shard of it) as an engine config describes it."""
         return cls(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
-                   config.enable_prefix_caching, device, tp=tp)
+                   config.enable_prefix_caching, device, tp=tp, quantization=config.quantization)
 
     def input_embedding(self) -> torch.Tensor:
         """The whole input embedding [V, d] (an EAGLE-3 head reads it); a sharded worker reads it from disk."""

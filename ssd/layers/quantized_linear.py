@@ -1,0 +1,120 @@
+"""Weight-only quantized matmuls: int4 in groups along the input features, int8 per output channel.
+
+Each runs torch's packed weight-only kernel (`kernel()`) where the device has one, with `reference()` beside
+it (dequantize, then F.linear) that tests compare it with. The reference also serves float32 activations:
+torch's CPU int4 / int8 kernels have no fast float32 path (measured 10-40x slower than dequantizing for 8-40
+rows, and linear in the rows), and one path per dtype keeps a decode and a verify forward on the same
+arithmetic. The portable weights and their int4 convention are in ssd/quantized_weights.py.
+"""
+
+import structlog
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssd.quantized_weights import Int4Weight, Int8Weight, unpack_int4_codes
+
+log = structlog.get_logger(__name__)
+
+
+class Int4Matmul(nn.Module):
+    """x @ w.T for a grouped int4 weight, through torch's int4pack kernel where the device has one.
+
+    The kernel layout is device-specific, so it is made again from the portable codes whenever the module
+    moves (`.to(device)`).
+    """
+
+    def __init__(self, weight: Int4Weight, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.group_size = weight.group_size
+        self.out_features, self.in_features = weight.codes.shape[0], 2 * weight.codes.shape[1]
+        self.register_buffer("codes", weight.codes.to(device).contiguous())  # [N, K / 2] uint8
+        sz = torch.stack([weight.scales.t(), weight.zeros.t()], -1)  # [K / g, N, 2], the kernel's layout
+        self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=dtype).contiguous())
+        self.register_buffer("packed", None)
+        self._repack()
+
+    def _repack(self) -> None:
+        self.packed = _int4_kernel_layout(self.codes, self.scales_and_zeros.dtype)  # None: no kernel here
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def] - nn.Module's own signature
+        super()._apply(fn, recurse)
+        self._repack()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self.packed is None or x.dtype != self.scales_and_zeros.dtype or x.dtype == torch.float32:
+            return self.reference(x)
+        return self.kernel(x)
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if x.device.type == "cpu":
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+        return torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize (with the scales in x's dtype, as the kernel reads them), then F.linear."""
+        sz = self.scales_and_zeros  # [K / g, N, 2]
+        w = Int4Weight(self.codes, sz[..., 0].t(), sz[..., 1].t()).dequantize(torch.float32)  # [N, K]
+        return F.linear(x, w.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        kernel = "reference" if self.packed is None else "int4pack"
+        return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
+
+
+class Int8Matmul(nn.Module):
+    """x @ w.T for a per-channel int8 weight, through torch's int8pack kernel."""
+
+    def __init__(self, weight: Int8Weight, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.codes.shape
+        self.register_buffer("codes", weight.codes.to(device).contiguous())
+        self.register_buffer("scales", weight.scales.to(device=device, dtype=dtype))
+        self.has_kernel = _int8_kernel_works(dtype, device)
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def] - nn.Module's own signature
+        super()._apply(fn, recurse)
+        self.has_kernel = _int8_kernel_works(self.scales.dtype, self.codes.device)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if not self.has_kernel or x.dtype != self.scales.dtype or x.dtype == torch.float32:
+            return self.reference(x)
+        return self.kernel(x)
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, (self.codes.float() * self.scales.float()[:, None]).to(x.dtype))
+
+    def extra_repr(self) -> str:
+        kernel = "int8pack" if self.has_kernel else "reference"
+        return f"in={self.in_features}, out={self.out_features}, kernel={kernel}"
+
+
+def _int4_kernel_layout(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """codes [N, K / 2] in their device kernel's own layout; None where there is no kernel (the reference runs)."""
+    try:
+        if codes.device.type == "cpu":
+            q = unpack_int4_codes(codes).to(torch.int32)  # [N, K]
+            return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # [N, K / 2] uint8
+        k = 2 * codes.shape[1]
+        inner_k_tiles = next((t for t in (8, 4, 2) if k % (16 * t) == 0), None)
+        if codes.device.type == "cuda" and dtype == torch.bfloat16 and inner_k_tiles is not None:
+            return torch.ops.aten._convert_weight_to_int4pack(codes.contiguous(), inner_k_tiles)
+    except (RuntimeError, AttributeError) as e:
+        log.warning("int4 packing unavailable; using the dequantizing reference", error=str(e))
+    return None
+
+
+def _int8_kernel_works(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether torch's int8pack kernel runs here (tried once on a tiny matrix)."""
+    try:
+        x = torch.zeros(1, 32, dtype=dtype, device=device)
+        torch.ops.aten._weight_int8pack_mm(x, torch.zeros(8, 32, dtype=torch.int8, device=device),
+                                           torch.ones(8, dtype=dtype, device=device))
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False

@@ -1,0 +1,58 @@
+"""The default model on its own Q4_1 weights (the pull's int4 cache): the same logits as the dequantized float
+folder in float32, and the cache's weights equal the float folder's, tensor by tensor."""
+
+import pytest
+import torch
+
+from ssd.context import ForwardMode
+from ssd.llm import LLM
+from ssd.loader.safetensors_loader import read_tensor
+from ssd.quantized_weights import has_int4_cache, load_int4_cache
+from ssd.runtime.model_runner import ForwardItem
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def cache_path(default_model_path):
+    if not has_int4_cache(default_model_path):
+        pytest.fail("the default model has no int4 cache: run `ssd models pull smollm2-135m-instruct` again")
+    return default_model_path
+
+
+def test_the_cache_holds_the_gguf_values_of_the_float_folder(cache_path):
+    """Every cached Q4_1 linear dequantizes to the float folder's tensor (both came from the same GGUF)."""
+    own = load_int4_cache(cache_path)
+    assert len(own) == 30 * 7
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+                 "model.layers.17.mlp.gate_proj", "model.layers.29.mlp.down_proj"):
+        float_weight = read_tensor(cache_path, f"{name}.weight").float()
+        torch.testing.assert_close(own[name].dequantize(), float_weight, rtol=0, atol=1e-6)
+
+
+def _prefill_logits(llm: LLM, ids: list[int]) -> torch.Tensor:  # [len(ids), V]
+    class Seq:
+        def __init__(self) -> None:
+            self.block_table, self.num_cached_tokens, self.num_hashed_blocks = [], 0, 0
+
+    seq = Seq()
+    llm.engine.block_manager.ensure_capacity(seq, len(ids))
+    item = ForwardItem(ids, 0, seq.block_table, num_logits=len(ids))
+    logits = llm.engine.runner.forward([item], ForwardMode.PREFILL).logits
+    llm.engine.block_manager.free(seq)
+    return logits
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-3), ("bfloat16", None)])
+def test_own_int4_logits_equal_the_dequantized_models(cache_path, dtype, tolerance):
+    """float32: equal within float tolerance. bfloat16 (the int4pack kernel, bf16 scales): the same argmax
+    at most positions; its error is the bf16 rounding of activations and scales, not the weights."""
+    ref = LLM(str(cache_path), dtype="float32", enable_prefix_caching=False)
+    own = LLM(str(cache_path), dtype=dtype, quantization="auto", enable_prefix_caching=False)
+    assert own.engine.worker.quantization.is_own
+    ids = ref.tokenizer.encode(ref.chat_prompt([{"role": "user", "content": "What is the capital of France?"}]))
+    expected, got = _prefill_logits(ref, ids), _prefill_logits(own, ids)
+    if tolerance is not None:
+        assert (got - expected).abs().max().item() < tolerance
+    else:
+        assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() > 0.9

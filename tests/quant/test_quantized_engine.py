@@ -1,0 +1,147 @@
+"""A quantized target end to end: greedy sd and ssd == ar token for token (float32 activations), the
+checkpoint's own int4 cache used by "auto", and tensor-parallel shards of the quantized weights."""
+
+import pytest
+import torch
+
+from ssd.config import EngineConfig, SpeculationConfig, SsdConfig
+from ssd.distributed import TensorParallel, tensor_parallel
+from ssd.errors import InvalidRequestError
+from ssd.layers.linear import ColumnParallelLinear, RowParallelLinear
+from ssd.llm import LLM
+from ssd.loader.model_loader import load_quantized_model
+from ssd.loader.safetensors_loader import iter_tensors
+from ssd.quantized_weights import quantize_int4, save_int4_cache
+from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
+from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
+
+QUANTIZATIONS = ["int8", "int4", "int4:64"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny_target_draft_and_head(tmp_path_factory)
+
+
+def _llm(target, quantization: str, spec: SpeculationConfig | None = None) -> LLM:
+    return LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, quantization=quantization,
+               speculation=spec)
+
+
+def _greedy(llm: LLM, batch: int) -> list[list[int]]:
+    outs = [llm.generate([p], PARAMS)[0] for p in PROMPTS] if batch == 1 else llm.generate(PROMPTS, PARAMS)
+    return [o.token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def expected(models):
+    return {q: _greedy(_llm(models[0], q), 1) for q in QUANTIZATIONS}
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_quantized_target_really_is_quantized(models, expected, quantization):
+    llm = _llm(models[0], quantization)
+    model = llm.engine.worker.model
+    assert sum(getattr(m, "quantized", None) is not None for m in model.modules()) == 4 * 3  # 4 linears x 3 layers
+    assert llm.engine.worker.quantization.method == quantization.partition(":")[0]
+    assert expected[quantization] != _greedy(_llm(models[0], "none"), 1)  # the weights changed the output
+
+
+CASES = [("int4", "sd-draft-model", 1), ("int4", "sd-eagle3", 1), ("int4", "ssd", 1), ("int4", "sd-draft-model", 4),
+         ("int4", "ssd", 4), ("int8", "sd-draft-model", 1), ("int8", "ssd", 4), ("int4:64", "sd-eagle3", 4)]
+
+
+@pytest.mark.parametrize(("quantization", "which", "batch"), CASES)
+def test_greedy_speculation_equals_ar_with_a_quantized_target(models, expected, quantization, which, batch):
+    target, draft, head = models
+    spec = {"sd-draft-model": SpeculationConfig(draft=str(draft), num_speculative_tokens=3),
+            "sd-eagle3": SpeculationConfig(draft=str(head), num_speculative_tokens=3),
+            "ssd": SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+    llm = _llm(target, quantization, spec)
+    assert _greedy(llm, batch) == expected[quantization]
+    assert llm.engine.spec.counters.num_drafts > 0
+
+
+def test_auto_uses_the_checkpoints_own_int4_cache(models, tmp_path):
+    """`auto` picks the cached int4 weights, which load exactly; without a cache `auto` means float."""
+    target = models[0]
+    _, _, spec = load_quantized_model(target, torch.float32, "auto")
+    assert spec.method == "none"
+    folder = _copy_with_int4_cache(target, tmp_path)
+    model, _, spec = load_quantized_model(folder, torch.float32, "auto")
+    assert spec.method == "int4" and spec.is_own
+    qkv = model.model.layers[1].self_attn.qkv_proj.quantized
+    weights = dict(iter_tensors(target))
+    full = torch.cat([weights[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])  # [N, K]
+    own = quantize_int4(full, 32).dequantize()
+    x = torch.randn(2, full.shape[1])
+    torch.testing.assert_close(qkv(x), x @ own.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("quantization", ["own", "int4", "int8"])
+def test_tensor_parallel_shards_of_quantized_weights(models, tmp_path, quantization):
+    """Two ranks' quantized shards (built without processes) give the whole layer's output: column-parallel
+    layers concatenate, row-parallel layers sum (int8's per-channel scales are per rank's shard: close only)."""
+    folder = _copy_with_int4_cache(models[0], tmp_path) if quantization == "own" else models[0]
+    requested = "int4" if quantization == "own" else quantization
+    whole, _, _ = load_quantized_model(folder, torch.float32, requested)
+    ranks = []
+    for rank in range(2):
+        with tensor_parallel(TensorParallel(rank, 2)):
+            ranks.append(load_quantized_model(folder, torch.float32, requested)[0])
+    tolerance = 0.05 if quantization == "int8" else 1e-5
+    for name, layer in whole.named_modules():
+        if not isinstance(layer, ColumnParallelLinear | RowParallelLinear):
+            continue
+        shards = [dict(r.named_modules())[name].quantized for r in ranks]
+        x = torch.randn(3, layer.quantized.in_features)
+        if isinstance(layer, RowParallelLinear):
+            parts = x.chunk(2, dim=1)
+            y = shards[0](parts[0]) + shards[1](parts[1])
+        else:
+            y = torch.cat([shards[0](x), shards[1](x)], dim=1)  # each rank's q / k / v (or gate / up) slices
+            y = _interleave_shards(layer, y)
+        assert ((y - layer.quantized(x)).abs().max() / layer.quantized(x).abs().max()).item() < tolerance, name
+
+
+def test_bad_quantization_is_refused():
+    with pytest.raises(InvalidRequestError):
+        EngineConfig(model="x", quantization="int3")
+    with pytest.raises(InvalidRequestError):
+        EngineConfig(model="x", quantization="int4:48")
+
+
+def _copy_with_int4_cache(target, tmp_path):
+    """A copy of the float checkpoint `target` with an int4 cache (as a GGUF import writes) of its linears."""
+    import shutil
+
+    folder = tmp_path / "with-cache"
+    shutil.copytree(target, folder)
+    linears = {name.removesuffix(".weight"): quantize_int4(t, 32) for name, t in iter_tensors(target)
+               if name.endswith("_proj.weight")}
+    save_int4_cache(folder, linears, source="test")
+    return folder
+
+
+def _interleave_shards(layer, y: torch.Tensor) -> torch.Tensor:
+    """[rank 0's fused outputs | rank 1's] -> the whole layer's output order (per fused part: rank 0, rank 1)."""
+    if hasattr(layer, "num_kv_heads"):  # QKV: parts q, k, v of (heads x head_dim) each, halved per rank
+        q, kv = layer.num_heads * layer.head_dim // 2, layer.num_kv_heads * layer.head_dim // 2
+        sizes = [q, kv, kv]
+    elif hasattr(layer, "out_sizes"):
+        sizes = [s // 2 for s in layer.out_sizes]
+    else:
+        return y
+    rank_parts = [p.split(sizes, dim=1) for p in y.chunk(2, dim=1)]
+    return torch.cat([rank_parts[r][i] for i in range(len(sizes)) for r in range(2)], dim=1)
+
+
+@pytest.mark.parametrize("quantization", ["int4", "own"])
+def test_sharded_quantized_target_equals_the_whole_one(models, tmp_path, quantization):
+    """Two real ranks (worker processes) on int4 shards: greedy tokens equal the unsharded int4 model's."""
+    folder = _copy_with_int4_cache(models[0], tmp_path) if quantization == "own" else models[0]
+    options = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8, num_threads=1, quantization="int4")
+    whole = _greedy(LLM(str(folder), **options), 4)
+    with LLM(str(folder), tensor_parallel_size=2, **options) as sharded:
+        assert sharded.engine.worker.quantization.is_own == (quantization == "own")
+        assert _greedy(sharded, 4) == whole

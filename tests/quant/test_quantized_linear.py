@@ -1,0 +1,120 @@
+"""The int4 / int8 kernels against their dequantizing references, and the GGUF block decoding against gguf-py."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
+from ssd.quantized_weights import decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
+
+CPU = torch.device("cpu")
+# float32: the kernels and the references sum the same products; bfloat16 rounds the activations' partial sums
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group_size", [32, 64])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_int4_kernel_matches_reference(dtype, group_size, rows):
+    torch.manual_seed(0)
+    matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), group_size), dtype, CPU)
+    assert matmul.packed is not None  # the kernel runs, not the reference twice
+    x = torch.randn(rows, 128).to(dtype)
+    assert relative_error(matmul.kernel(x), matmul.reference(x)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_int8_kernel_matches_reference(dtype, rows):
+    torch.manual_seed(0)
+    matmul = Int8Matmul(quantize_int8(torch.randn(96, 128)), dtype, CPU)
+    assert matmul.has_kernel
+    x = torch.randn(rows, 128).to(dtype)
+    assert relative_error(matmul.kernel(x), matmul.reference(x)) < TOLERANCE[dtype]
+
+
+def test_quantizers_round_trip_within_half_a_step():
+    torch.manual_seed(0)
+    w = torch.randn(32, 64)
+    int4 = quantize_int4(w, 32)
+    step = int4.scales.repeat_interleave(32, 1)  # [N, K]
+    assert ((int4.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+    int8 = quantize_int8(w)
+    assert ((int8.dequantize() - w).abs() <= int8.scales[:, None] / 2 + 1e-6).all()
+
+
+def test_a_planted_convention_bug_is_caught():
+    """Reading the int4 zero point as q * scale + zero (not (q - 8) * scale + zero) fails the comparison."""
+    torch.manual_seed(0)
+    weight = quantize_int4(torch.randn(64, 64), 32)
+    x = torch.randn(3, 64)
+    wrong = weight.unpacked().float() * weight.scales.repeat_interleave(32, 1) + weight.zeros.repeat_interleave(32, 1)
+    assert relative_error(x @ wrong.T, Int4Matmul(weight, torch.float32, CPU).kernel(x)) > 0.1
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_blocks_decode_to_gguf_py_values(kind):
+    """Our (scale, zero) mapping of Q4_0 / Q4_1 gives exactly the values gguf-py dequantizes to."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 128)).astype(np.float32)
+    qtype = GGMLQuantizationType[kind]
+    raw = quantize(w, qtype)  # [16, blocks * bytes] uint8
+    expected = torch.from_numpy(dequantize(raw, qtype).astype(np.float32))
+    decoded = decode_q4_blocks(raw, kind)
+    assert decoded.group_size == 32
+    torch.testing.assert_close(decoded.dequantize(), expected, rtol=0, atol=1e-6)
+
+
+def test_unpermute_rows_inverts_llama_cpp_order():
+    heads, head_dim = 3, 8
+    w = torch.arange(heads * head_dim * 4, dtype=torch.float32).reshape(heads * head_dim, 4)
+    # llama.cpp's converter: rows of each head, halves -> interleaved pairs
+    permuted = w.reshape(heads, 2, head_dim // 2, 4).transpose(1, 2).reshape(w.shape)
+    torch.testing.assert_close(unpermute_rows(permuted, heads), w)
+
+
+def test_a_gguf_file_imports_to_hf_names_and_row_order(tmp_path):
+    """A tiny GGUF (llama.cpp's q/k row order, Q4_1 and Q4_0 blocks, a float norm): the int4 cache holds the
+    HF-named, HF-ordered weights, and the float tensors are left out."""
+    import gguf
+
+    from ssd.quantized_weights import import_gguf_int4, load_int4_cache
+
+    heads, kv_heads, head_dim, hidden = 2, 1, 8, 64
+    rng = np.random.default_rng(0)
+    hf = {"attn_q": rng.standard_normal((heads * head_dim, hidden)), "attn_k": rng.standard_normal((head_dim, hidden)),
+          "ffn_down": rng.standard_normal((hidden, 64))}
+    kinds = {"attn_q": "Q4_1", "attn_k": "Q4_1", "ffn_down": "Q4_0"}
+
+    def permute(w: np.ndarray, n: int) -> np.ndarray:  # llama.cpp's converter: halves -> interleaved pairs
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    writer = gguf.GGUFWriter(tmp_path / "tiny.gguf", "llama")
+    expected = {}
+    for role, w in hf.items():
+        stored = permute(w, heads if role == "attn_q" else kv_heads) if role != "ffn_down" else w
+        qtype = GGMLQuantizationType[kinds[role]]
+        raw = quantize(stored.astype(np.float32), qtype)
+        writer.add_tensor(f"blk.0.{role}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+        values = torch.from_numpy(dequantize(raw, qtype).astype(np.float32))
+        expected[role] = values if role == "ffn_down" else unpermute_rows(values, heads if role == "attn_q" else kv_heads)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    assert import_gguf_int4(tmp_path / "tiny.gguf", tmp_path, heads, kv_heads) == 3
+    cache = load_int4_cache(tmp_path)
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "ffn_down": "mlp.down_proj"}
+    assert sorted(cache) == sorted(f"model.layers.0.{n}" for n in names.values())
+    for role, name in names.items():
+        got = cache[f"model.layers.0.{name}"].dequantize()
+        torch.testing.assert_close(got, expected[role], rtol=0, atol=1e-6)
+        assert (got - torch.from_numpy(hf[role]).float()).abs().max() < 0.5  # the HF row order, not llama.cpp's
