@@ -13,6 +13,8 @@ MAX_LOOKAHEAD = 32
 MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
 BACKUP_KINDS = ("auto", "neural", "fast")
 FAN_OUT_KINDS = ("geometric", "uniform")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")  # ssd/layers/attention_backend.py
+COMPILE_MODES = ("auto", "on", "off")  # torch.compile of the model forward (ssd/runtime/compile.py)
 
 
 def check_saguaro_c(c: float) -> None:
@@ -124,6 +126,12 @@ class EngineConfig:
     # How the ranks exchange partial results: "auto" = a shared memory mapping (x86; tensors up to 4 MB) and gloo
     # for the rest; "gloo" = gloo over localhost TCP only (the slow reference).
     tensor_parallel_collectives: str = "auto"
+    # Attention kernel: auto = flash-attn / triton on CUDA where installed, the torch path elsewhere.
+    attention_backend: str = "auto"
+    # torch.compile of the model forward: auto = on where it measured faster (CPU, one rank); off here by
+    # default so library users and tests start fast (the command-line entry points default to auto).
+    compile: str = "off"
+    enforce_eager: bool = False  # as vLLM's: no compile, no CUDA graphs, whatever `compile` says
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -149,5 +157,10 @@ class EngineConfig:
                 f"tensor_parallel_collectives must be 'auto' or 'gloo', got {self.tensor_parallel_collectives!r}")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise InvalidRequestError("tensor parallelism runs on CPU ranks only so far (gloo); use --device cpu")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise InvalidRequestError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
+                                      f"{self.attention_backend!r}")
+        if self.compile not in COMPILE_MODES:
+            raise InvalidRequestError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
