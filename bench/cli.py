@@ -7,7 +7,13 @@ from pathlib import Path
 
 from bench.datasets import load_prompts
 from bench.runner import BenchSettings, by_dataset, run_benchmarks
-from ssd.cli_flags import add_dtype_flag, add_speculation_flags, add_step_flags, step_options_from_args, tree_from_args
+from ssd.cli_flags import (
+    add_dtype_flag,
+    add_speculation_flags,
+    add_step_flags,
+    step_options_from_args,
+    tree_from_args,
+)
 from ssd.dtypes import resolve_dtype_name
 from ssd.errors import InvalidRequestError
 

@@ -48,7 +48,7 @@ class BenchSettings:
     saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
     tensor_parallel_size: int = 1  # CPU ranks the target is sharded over (this process is rank 0)
-    compile: str = "off"  # torch.compile of the target's forward: auto | on | off (ssd/runtime/compile.py)
+    compile: str = "auto"  # torch.compile of the target's forward: auto | on | off (ssd/runtime/compile.py)
     enforce_eager: bool = False
     attention_backend: str = "auto"
 

@@ -54,7 +54,9 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     else:
         vocab = load_model_config(path).vocab_size
         draft = ServiceDraft(DraftModelProposer(path, config.dtype, vocab, block_size=config.block_size,
-                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device),
+                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device,
+                                                compile=config.compile, enforce_eager=config.enforce_eager,
+                                                attention_backend=config.attention_backend),
                              vocab, device=device, grammars=grammar_compiler(path))
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
     log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,

@@ -25,8 +25,8 @@ def add_dtype_flag(p: argparse.ArgumentParser, default: str = "auto", whose: str
 def add_step_flags(p: argparse.ArgumentParser, compile_default: str = "auto") -> None:
     """--compile, --enforce-eager and --attention-backend: how the model forward runs (EngineConfig's fields)."""
     p.add_argument("--compile", default=compile_default, choices=COMPILE_MODES,
-                   help="torch.compile the model forward; auto: on for a CPU model of one rank, where it measured "
-                        f"faster (the first start compiles for minutes, later ones read the cache; default "
+                   help="torch.compile the model forward (on: the first start compiles for minutes, later ones "
+                        "read the cache); auto: where it measured faster, so far nowhere (default "
                         f"{compile_default})")
     p.add_argument("--enforce-eager", action="store_true", help="run every forward eager (no compile, no graphs)")
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,

@@ -128,9 +128,9 @@ class EngineConfig:
     tensor_parallel_collectives: str = "auto"
     # Attention kernel: auto = flash-attn / triton on CUDA where installed, the torch path elsewhere.
     attention_backend: str = "auto"
-    # torch.compile of the model forward: auto = on where it measured faster (CPU, one rank); off here by
-    # default so library users and tests start fast (the command-line entry points default to auto).
-    compile: str = "off"
+    # torch.compile of the model forward: on | off | auto (= where it measured faster: nowhere yet, see
+    # ssd/runtime/compile.py resolve_compile).
+    compile: str = "auto"
     enforce_eager: bool = False  # as vLLM's: no compile, no CUDA graphs, whatever `compile` says
 
     def __post_init__(self) -> None:

@@ -24,7 +24,9 @@ log = structlog.get_logger(__name__)
 
 
 def resolve_compile(mode: str, device: torch.device, enforce_eager: bool, tensor_parallel_size: int = 1) -> bool:
-    """Whether to compile: `auto` = on for a CPU model of one rank (where it measured faster), off elsewhere."""
+    """Whether to compile. `auto` = off everywhere so far: on the 2-core Zen 4 machine (shared, loaded) the
+    compiled bf16 decode step measured slower than eager (208 vs 168 ms at batch 1, one thread, interleaved
+    in one process) and its first start compiles for minutes; turn `auto` on where a measurement says so."""
     if mode not in COMPILE_MODES:
         raise InvalidRequestError(f"compile must be one of {COMPILE_MODES}, got {mode!r}")
     if enforce_eager or mode == "off":
@@ -33,7 +35,7 @@ def resolve_compile(mode: str, device: torch.device, enforce_eager: bool, tensor
         if mode == "on":
             raise InvalidRequestError("compile runs one rank's model; use --compile off with tensor parallelism")
         return False
-    return mode == "on" or device.type == "cpu"
+    return mode == "on"
 
 
 def use_compile_cache() -> str:

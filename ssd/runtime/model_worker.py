@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 import structlog
 import torch
 
+from ssd.context import ForwardMode
 from ssd.device import resolve_device
 from ssd.distributed import WHOLE, TensorParallel, tensor_parallel
 from ssd.dtypes import parse_dtype
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
+from ssd.layers.attention_backend import select_attention_backend
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_model
 from ssd.loader.safetensors_loader import read_tensor
-from ssd.context import ForwardMode
-from ssd.layers.attention_backend import select_attention_backend
 from ssd.runtime.compile import CompiledModel, resolve_compile, warm_up
 from ssd.runtime.model_runner import ForwardItem, ModelRunner
 
@@ -45,7 +45,7 @@ class ModelWorker:
         tp: TensorParallel = WHOLE,
         *,
         attention_backend: str = "auto",
-        compile: str = "off",
+        compile: str = "auto",
         enforce_eager: bool = False,
     ) -> None:
         started = time.perf_counter()
