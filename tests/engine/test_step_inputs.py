@@ -108,3 +108,12 @@ def test_engine_config_checks_step_options():
         EngineConfig(model="m", compile="sometimes")
     with pytest.raises(InvalidRequestError, match="attention_backend"):
         EngineConfig(model="m", attention_backend="cudnn")
+
+
+def test_triton_without_the_kernels_package_is_a_clear_error():
+    import importlib.util
+
+    if importlib.util.find_spec("kernels") is not None:
+        pytest.skip("the kernels package is installed here")
+    with pytest.raises(InvalidRequestError, match="kernels package"):
+        select_attention_backend("triton", torch.device("cpu"))
