@@ -9,6 +9,7 @@ Every backend reads the same `ForwardContext` fields; `prepare` derives its own 
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -165,6 +166,9 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
         return FlashAttnBackend()
     if importlib.util.find_spec("kernels") is None or importlib.util.find_spec("kernels.paged_attention") is None:
         raise InvalidRequestError("attention backend triton needs the kernels package (kernels.paged_attention)")
-    if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's interpreter runs the kernel on CPU tensors
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        if "triton" in sys.modules:  # triton reads the variable when first imported: too late to set it now
+            raise InvalidRequestError("attention backend triton on CPU runs in Triton's interpreter: start the "
+                                      "process with TRITON_INTERPRET=1")
+        os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter runs the kernel on CPU tensors
     return TritonBackend()

@@ -110,10 +110,40 @@ def test_engine_config_checks_step_options():
         EngineConfig(model="m", attention_backend="cudnn")
 
 
-def test_triton_without_the_kernels_package_is_a_clear_error():
+def test_triton_without_the_kernels_package_is_a_clear_error(monkeypatch):
     import importlib.util
 
-    if importlib.util.find_spec("kernels") is not None:
-        pytest.skip("the kernels package is installed here")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name.startswith("kernels") else
+                        real_find_spec(name))
     with pytest.raises(InvalidRequestError, match="kernels package"):
         select_attention_backend("triton", torch.device("cpu"))
+
+
+TRITON_SCRIPT = """
+import sys
+from ssd.llm import LLM
+from ssd.sampling.params import SamplingParams
+prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
+greedy = SamplingParams(max_tokens=12, ignore_eos=True)
+runs = [LLM(sys.argv[1], dtype="float32", block_size=4, kv_cache_memory_mb=4, attention_backend=b) for b in ("torch", "triton")]
+assert runs[1].engine.worker.runner.backend.name == "triton"
+tokens = [[o.token_ids for o in llm.generate(prompts, greedy)] for llm in runs]
+assert tokens[0] == tokens[1], tokens
+"""
+
+
+@pytest.mark.slow  # ~1 min: a fresh process, and the interpreter runs the kernel in Python
+def test_triton_backend_matches_torch_under_the_interpreter(tiny_llama):
+    """The kernels package's Triton paged attention, run on CPU by TRITON_INTERPRET=1 (set before triton loads)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("kernels") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("needs the kernels package and triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", TRITON_SCRIPT, str(tiny_llama)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
