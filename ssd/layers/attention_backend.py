@@ -67,9 +67,12 @@ def padded_batch(ctx: ForwardContext) -> PaddedBatch:
     block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
     kv_slots = ctx.block_tables[:, block].to(torch.int64) * bs + key % bs  # [B, S]
     seq_lens = ctx.seq_lens.to(torch.int64)
+    col = torch.arange(num_q, device=dev)  # [Q]
+    if ctx.is_uniform and ctx.tree_mask is None:  # decode / equal verify: no padding rows, a few ops fewer
+        bound = (seq_lens - num_q)[:, None] + col[None, :] + 1  # [B, Q]: query i sees keys < bound
+        return PaddedBatch(kv_slots, (key < bound[:, :, None]).unsqueeze(1), None, None, None)
     qsl = ctx.query_start_loc.to(torch.int64)
     q_len = qsl[1:] - qsl[:-1]  # [B]
-    col = torch.arange(num_q, device=dev)  # [Q]
     is_query = col[None, :] < q_len[:, None]  # [B, Q]: a real query, not padding
     query_index = (qsl[:-1, None] + col[None, :]).clamp(max=ctx.num_tokens - 1)  # [B, Q]
     if ctx.tree_mask is None:  # causal: query i sees keys < seq_len - q_len + i + 1
