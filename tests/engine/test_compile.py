@@ -13,7 +13,10 @@ from ssd.sampling.params import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
-LOGIT_TOLERANCE = 1e-4  # float32: inductor's fused norms / RoPE reorder sums; the argmax never moves
+# float32: inductor's fused norms / RoPE and its packed matmuls reorder sums. Measured max |difference|: under
+# 1e-4 on the tiny model; 2.6e-3 on the 30-layer default model (logits up to ~20); greedy tokens identical.
+TINY_LOGIT_TOLERANCE = 1e-4
+DEFAULT_MODEL_LOGIT_TOLERANCE = 5e-3
 
 
 def test_compile_choice():
@@ -32,7 +35,7 @@ def test_compiled_tiny_model_matches_eager(tiny_llama):
     assert compiled.engine.worker.is_compiled and not eager.engine.worker.is_compiled
     want = [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
     assert [o.token_ids for o in compiled.generate(PROMPTS, GREEDY)] == want
-    _check_logits(eager, compiled)
+    _check_logits(eager, compiled, TINY_LOGIT_TOLERANCE)
 
 
 @pytest.mark.slow
@@ -42,10 +45,10 @@ def test_compiled_default_model_matches_eager(default_model_path):
     prompts = [eager.tokenizer.encode("The capital of France is"), eager.tokenizer.encode("def fibonacci(n):")]
     want = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert [o.token_ids for o in compiled.generate(prompts, GREEDY)] == want
-    _check_logits(eager, compiled)
+    _check_logits(eager, compiled, DEFAULT_MODEL_LOGIT_TOLERANCE)
 
 
-def _check_logits(eager: LLM, compiled: LLM) -> None:
+def _check_logits(eager: LLM, compiled: LLM, atol: float) -> None:
     """One prefill forward of the same items in both (prefill of 7 tokens, then a batch of two decodes)."""
     from ssd.context import ForwardMode
     from ssd.runtime.model_runner import ForwardItem
@@ -54,4 +57,4 @@ def _check_logits(eager: LLM, compiled: LLM) -> None:
                         ([ForwardItem([11], 7, [0, 1]), ForwardItem([12], 3, [2])], ForwardMode.DECODE)):
         a = eager.engine.worker.runner.forward(items, mode).logits
         b = compiled.engine.worker.runner.forward(items, mode).logits
-        assert torch.allclose(a, b, atol=LOGIT_TOLERANCE, rtol=LOGIT_TOLERANCE), (a - b).abs().max()
+        assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max()
