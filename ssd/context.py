@@ -7,6 +7,7 @@ the host. Causal and verify masks follow from `seq_lens` and `query_start_loc`; 
 as a compact bit mask per query over the keys from `mask_start` on.
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,19 +45,27 @@ class ForwardContext:
     attn_metadata: Any = None  # what that backend derived once per forward from the fields above (on the device)
 
 
-_current: list[ForwardContext] = []
+class _Published(threading.local):
+    """The contexts published on this thread (a draft may run its forwards on a thread of its own while the
+    target runs its own: each sees only its own context)."""
+
+    def __init__(self) -> None:
+        self.stack: list[ForwardContext] = []
+
+
+_current = _Published()
 
 
 @contextmanager
 def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
-    _current.append(ctx)
+    _current.stack.append(ctx)
     try:
         yield ctx
     finally:
-        _current.pop()
+        _current.stack.pop()
 
 
 def get_forward_context() -> ForwardContext:
-    if not _current:
+    if not _current.stack:
         raise RuntimeError("attention ran outside forward_context(); the model runner must publish one")
-    return _current[-1]
+    return _current.stack[-1]
