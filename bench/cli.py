@@ -7,7 +7,13 @@ from pathlib import Path
 
 from bench.datasets import load_prompts
 from bench.runner import BenchSettings, by_dataset, run_benchmarks
-from ssd.cli_flags import add_dtype_flag, add_speculation_flags, tree_from_args
+from ssd.cli_flags import (
+    add_dtype_flag,
+    add_speculation_flags,
+    add_step_flags,
+    step_options_from_args,
+    tree_from_args,
+)
 from ssd.dtypes import resolve_dtype_name
 from ssd.errors import InvalidRequestError
 from ssd.quant_flags import add_quantization_flag
@@ -69,6 +75,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
                    help="shard the target over this many CPU ranks (engine modes; --threads threads each)")
+    add_step_flags(p)
     add_speculation_flags(p)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
@@ -99,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
-            tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+            tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization, **step_options_from_args(args),
         )
         if args.target_core is not None:
             import os

@@ -71,6 +71,9 @@ def main() -> None:
         report[name] = summarize(results)
         texts[name] = [[t["text"] for t in chat] for chat in results]
     report["same_text"] = texts["prefix_caching"] == texts["no_prefix_caching"]
+    pairs = list(zip(texts["prefix_caching"], texts["no_prefix_caching"], strict=True))
+    report["chats_identical"] = sum(a == b for a, b in pairs)  # bf16 rounds prefills of other lengths differently
+    report["first_turns_identical"] = sum(a[0] == b[0] for a, b in pairs)
     report["ttft_later_ratio"] = (report["no_prefix_caching"]["ttft_ms_later_median"]
                                   / report["prefix_caching"]["ttft_ms_later_median"])
     text = json.dumps(report, indent=2)

@@ -49,6 +49,13 @@ class BenchSettings:
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
     tensor_parallel_size: int = 1  # CPU ranks the target is sharded over (this process is rank 0)
     quantization: str = "none"  # the target's linear weights (EngineConfig.quantization)
+    compile: str = "auto"  # torch.compile of the target's forward: auto | on | off (ssd/runtime/compile.py)
+    enforce_eager: bool = False
+    attention_backend: str = "auto"
+
+    def step_options(self) -> dict[str, object]:
+        return {"compile": self.compile, "enforce_eager": self.enforce_eager,
+                "attention_backend": self.attention_backend}
 
 
 def render_prompts(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
@@ -91,13 +98,14 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
         raise InvalidRequestError(f"could not open a session with the draft service (log: {draft.log_path})")
     spec = SpeculationConfig(draft=s.draft, num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
     llm = LLM(s.model, proposer=proposer, speculation=spec, dtype=s.dtype, num_threads=s.threads,
-              max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization)
+              max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization,
+              **s.step_options())
     return _engine_runner(llm, replace(params, ssd=True)), llm
 
 
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
     opts = dict(dtype=s.dtype, num_threads=s.threads, max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size,
-                quantization=s.quantization)
+                quantization=s.quantization, **s.step_options())
     if s.mode == "ar":
         return _engine_runner(ar, params), ar
     if s.mode == "sd":
@@ -129,7 +137,8 @@ def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], pr
     """
     torch.set_num_threads(base.threads)
     ar = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches),
-             tensor_parallel_size=base.tensor_parallel_size, quantization=base.quantization)
+             tensor_parallel_size=base.tensor_parallel_size, quantization=base.quantization,
+             **base.step_options())
     encoded = {name: render_prompts(ar, group) for name, group in by_dataset(prompts).items()}
     params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234,
                             draft_temperature=base.draft_temperature)

@@ -4,7 +4,13 @@ import argparse
 import sys
 import time
 
-from ssd.cli_flags import add_dtype_flag, add_speculation_flags, speculation_from_args
+from ssd.cli_flags import (
+    add_dtype_flag,
+    add_speculation_flags,
+    add_step_flags,
+    speculation_from_args,
+    step_options_from_args,
+)
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
 from ssd.quant_flags import add_quantization_flag
@@ -20,6 +26,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
                    help="shard the model over this many CPU ranks (processes), each on its own cores")
+    add_step_flags(p)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -29,7 +36,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     spec = speculation_from_args(args, is_ssd=args.mode == "ssd") if args.mode in ("sd", "ssd") else None
     llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=spec,
               quantization=args.quantization,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, **step_options_from_args(args))
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
-from ssd.cli_flags import add_dtype_flag
+from ssd.cli_flags import add_dtype_flag, add_step_flags
 from ssd.model_store import DEFAULT_DRAFT
 from ssd.quant_flags import add_quantization_flag
 
@@ -32,6 +32,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     add_quantization_flag(s)
     s.add_argument("--device", default="cpu",
                    help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
+    add_step_flags(s)
     s.add_argument("--targets", type=int, default=1, help="target replicas")
     s.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
                    help="CPU ranks (processes) each target's model is sharded over, one core each when there are "
@@ -64,7 +65,8 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
     return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
                        quantization=args.quantization,
-                       tensor_parallel_size=args.tensor_parallel_size,
+                       tensor_parallel_size=args.tensor_parallel_size, compile=args.compile,
+                       enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=api_key(args, os.environ), log_dir=args.log_dir,
                        tls=_tls(args))

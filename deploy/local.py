@@ -51,6 +51,9 @@ class StackConfig:
     device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
     tensor_parallel_size: int = 1  # CPU ranks per target (one core each where there are enough)
+    compile: str = "auto"  # the targets' torch.compile: auto | on | off (ssd/runtime/compile.py)
+    enforce_eager: bool = False
+    attention_backend: str = "auto"
     host: str = "127.0.0.1"  # where the gateway listens (0.0.0.0 in a container); the model services stay local
     http_port: int = 8000
     grpc_port: int = 50050
@@ -152,7 +155,10 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
             "--tensor-parallel-size", str(c.tensor_parallel_size), "--quantization", c.quantization,
             "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
-            "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args()]
+            "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args(),
+            "--compile", c.compile, "--attention-backend", c.attention_backend]
+    if c.enforce_eager:
+        args.append("--enforce-eager")
     if stack.draft_address:
         args += ["--draft-address", stack.draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir)

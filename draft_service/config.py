@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
-from ssd.cli_flags import add_dtype_flag
+from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
 from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, MAX_LOOKAHEAD, SsdConfig
 from ssd.errors import InvalidRequestError
 
@@ -21,6 +21,9 @@ class DraftServiceConfig:
     num_threads: int = 1  # torch intra-op threads
     kv_cache_memory_mb: int = 256  # the draft's own KV budget
     block_size: int = 16  # tokens per draft KV block
+    compile: str = "auto"  # a draft model's torch.compile: auto | on | off (ssd/runtime/compile.py)
+    enforce_eager: bool = False
+    attention_backend: str = "auto"  # a draft model's attention: auto | torch | triton | flash-attn
     ngram_max: int = 3  # n-gram proposer: longest tail matched (also the SSD fast backup)
     ssd: SsdConfig = field(default_factory=SsdConfig)  # SSD defaults (a neural draft); a Round's SsdOptions override
     grace_s: float = 5.0  # drain time on SIGTERM
@@ -57,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     add_ssd_flags(p, env)
     add_limit_flags(p, env)
     add_tls_flags(p, env)
+    add_step_flags(p, compile_default=env.get("SSD_DRAFT_COMPILE", "auto"))
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
@@ -69,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
                                   max_speculative_tokens=a.max_speculative_tokens,
                                   max_session_sequences=a.max_session_sequences, max_model_len=a.max_model_len,
                                   tls=tls_from_args(p, a),
+                                  **step_options_from_args(a),
                                   log_level=a.log_level, log_json=not a.log_text)
     except InvalidRequestError as e:
         p.error(str(e))  # exits 2 with the usage line

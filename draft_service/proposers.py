@@ -55,7 +55,9 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     else:
         model = load_model_config(path)
         draft = ServiceDraft(DraftModelProposer(path, config.dtype, model.vocab_size, block_size=config.block_size,
-                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device),
+                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device,
+                                                compile=config.compile, enforce_eager=config.enforce_eager,
+                                                attention_backend=config.attention_backend),
                              model.vocab_size, device=device, grammars=grammar_compiler(path),
                              max_model_len=model.max_position_embeddings)
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)

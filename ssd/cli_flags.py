@@ -1,8 +1,16 @@
-"""Command-line flags shared by `ssd generate`, `ssd bench` and the services: dtype and speculation settings."""
+"""Command-line flags shared by `ssd generate`, `ssd bench` and the services: dtype, step and speculation settings."""
 
 import argparse
 
-from ssd.config import BACKUP_KINDS, FAN_OUT_KINDS, SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import (
+    ATTENTION_BACKENDS,
+    BACKUP_KINDS,
+    COMPILE_MODES,
+    FAN_OUT_KINDS,
+    SpeculationConfig,
+    SsdConfig,
+    TreeShape,
+)
 from ssd.model_store import DEFAULT_DRAFT
 
 
@@ -12,6 +20,22 @@ def add_dtype_flag(p: argparse.ArgumentParser, default: str = "auto", whose: str
     p.add_argument("--dtype", default=default, choices=["auto", "float32", "bfloat16", *extra_choices],
                    help=f"{whose} dtype; auto: bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 "
                         f"elsewhere (default {default})")
+
+
+def add_step_flags(p: argparse.ArgumentParser, compile_default: str = "auto") -> None:
+    """--compile, --enforce-eager and --attention-backend: how the model forward runs (EngineConfig's fields)."""
+    p.add_argument("--compile", default=compile_default, choices=COMPILE_MODES,
+                   help="torch.compile the model forward (on: the first start compiles for minutes, later ones "
+                        "read the cache); auto: where it measured faster, so far nowhere (default "
+                        f"{compile_default})")
+    p.add_argument("--enforce-eager", action="store_true", help="run every forward eager (no compile, no graphs)")
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                   help="attention kernel; auto: flash-attn or triton on CUDA where installed, torch elsewhere")
+
+
+def step_options_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The EngineConfig fields `add_step_flags` set, as keyword arguments."""
+    return {"compile": args.compile, "enforce_eager": args.enforce_eager, "attention_backend": args.attention_backend}
 
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:

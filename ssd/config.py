@@ -16,6 +16,8 @@ BACKUP_KINDS = ("auto", "neural", "fast")
 FAN_OUT_KINDS = ("geometric", "uniform")
 QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4")  # int4 also as "int4:G", G input features per group
 QUANTIZATION_PATTERN = re.compile(r"none|auto|int8|int4(:(32|64|128|256))?")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")  # ssd/layers/attention_backend.py
+COMPILE_MODES = ("auto", "on", "off")  # torch.compile of the model forward (ssd/runtime/compile.py)
 
 
 def check_saguaro_c(c: float) -> None:
@@ -130,6 +132,12 @@ class EngineConfig:
     # The target's linear weights (ssd/loader/quantize.py): none | auto (the checkpoint's own quantization, if
     # any) | int8 (per channel) | int4 | int4:G (G = 32, 64, 128, 256 input features per group). Drafts stay float.
     quantization: str = "none"
+    # Attention kernel: auto = flash-attn / triton on CUDA where installed, the torch path elsewhere.
+    attention_backend: str = "auto"
+    # torch.compile of the model forward: on | off | auto (= where it measured faster: nowhere yet, see
+    # ssd/runtime/compile.py resolve_compile).
+    compile: str = "auto"
+    enforce_eager: bool = False  # as vLLM's: no compile, no CUDA graphs, whatever `compile` says
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
@@ -158,5 +166,10 @@ class EngineConfig:
         if not QUANTIZATION_PATTERN.fullmatch(self.quantization):
             raise InvalidRequestError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} "
                                       f"(int4 also int4:32 .. int4:256), got {self.quantization!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise InvalidRequestError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
+                                      f"{self.attention_backend!r}")
+        if self.compile not in COMPILE_MODES:
+            raise InvalidRequestError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

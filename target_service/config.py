@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
-from ssd.cli_flags import add_dtype_flag
+from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
 from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
@@ -24,6 +24,9 @@ class TargetServiceConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
     num_threads: int = 1  # torch intra-op threads (per tensor-parallel rank)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (worker processes of this service)
+    compile: str = "auto"  # torch.compile of the model forward: auto | on | off (ssd/runtime/compile.py)
+    enforce_eager: bool = False  # no compile, no CUDA graphs
+    attention_backend: str = "auto"  # auto | torch | triton | flash-attn (ssd/layers/attention_backend.py)
     prefill_chunk_tokens: int = 256  # a new prompt's tokens per step while others decode (0 = whole first)
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 16
@@ -117,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                    choices=["auto", "inline"],
                    help="tensors to / from the draft: CUDA IPC (both on one GPU node) or shared memory (one node), "
                         "else inline; or always inline")
+    add_step_flags(p, compile_default=env.get("SSD_TARGET_COMPILE", "auto"))
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     p.add_argument("--max-waiting-seqs", type=int, default=int(env.get("SSD_TARGET_MAX_WAITING_SEQS", "64")),
@@ -129,7 +133,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
         model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
         quantization=a.quantization,
-        num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, prefill_chunk_tokens=a.prefill_chunk_tokens,
+        num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, **step_options_from_args(a),
+        prefill_chunk_tokens=a.prefill_chunk_tokens,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
         draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
         tree_budget=a.tree_budget, tree_top_k=a.tree_topk,

@@ -2,16 +2,23 @@
 
 The cache is head-major, [2, KVH, num_slots, D] per layer, so gathering a batch's slots gives
 [KVH, B, S, D] blocks that batched matmuls read in place (a slot-major cache needed a transpose copy
-after the gather, which cost more than the gather itself at large batch). The CPU path is plain torch
-(gather + matmuls or scaled_dot_product_attention). A kernel plugs in by replacing `paged_attention`
-for the devices it supports; the reference stays for the others.
+after the gather, which cost more than the gather itself at large batch). The forward context's backend
+(ssd/layers/attention_backend.py) runs the attention; `paged_attention` here is the plain-torch reference.
+Under torch.compile the layer calls the custom op `ssd::paged_attention`, opaque to the compiler: the
+compiled graph holds the linears, norms and RoPE, and attention reads the forward context eagerly.
 """
+
+import itertools
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ssd.context import ForwardContext, get_forward_context
+from ssd.context import get_forward_context
+from ssd.layers.attention_backend import KEY_BUCKET, PaddedBatch, bucketed
+
+__all__ = ["KEY_BUCKET", "Attention", "bucketed", "paged_attention", "store_kv"]
 
 
 def store_kv(
@@ -27,16 +34,6 @@ def store_kv(
 # Up to this many queries per sequence (decode, verify, tree steps) plain matmuls beat torch's CPU
 # SDPA kernel by ~10x in bf16 (measured: B=8, S=300, Q=1: 0.36 ms vs 3.8 ms); prefill uses SDPA.
 MAX_MATMUL_QUERIES = 16
-
-# Attention reads keys in multiples of this, the padding masked out. On CPU, oneDNN builds a new bf16
-# matmul primitive for every new key count (measured here: ~1.4 ms against ~0.08 ms for a reused one), and
-# a decoding sequence's key count grows every step: bucketed, a primitive is built once per 64 positions.
-KEY_BUCKET = 64
-
-
-def bucketed(num_keys: int) -> int:
-    """`num_keys` rounded up to a multiple of KEY_BUCKET (the key count attention reads)."""
-    return -(-num_keys // KEY_BUCKET) * KEY_BUCKET
 
 
 def head_major_attention(
@@ -64,24 +61,28 @@ def head_major_attention(
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     kv_cache: torch.Tensor,  # [2, KVH, num_slots, D]
-    ctx: ForwardContext,
+    batch: PaddedBatch,
     scale: float,
 ) -> torch.Tensor:  # [T, H, D]
     """Reference path: pad queries per sequence, gather each sequence's keys, one batched attention."""
-    num_seqs, num_keys = ctx.kv_slots.shape
+    num_seqs, num_keys = batch.kv_slots.shape
     _, kvh, num_slots, d = kv_cache.shape
     flat = kv_cache.view(2 * kvh, num_slots, d)  # gathering along dim 1 of a 3-D view is ~2x faster than of 4-D
-    kv = flat.index_select(1, ctx.kv_slots.view(-1)).view(2, kvh, num_seqs, num_keys, d)  # [2, KVH, B, S, D]
-    uniform = ctx.query_index is None
-    qp = q.view(num_seqs, -1, *q.shape[1:]) if uniform else q[ctx.query_index]  # [B, Q, H, D]
+    kv = flat.index_select(1, batch.kv_slots.view(-1)).view(2, kvh, num_seqs, num_keys, d)  # [2, KVH, B, S, D]
+    uniform = batch.query_index is None
+    qp = q.view(num_seqs, -1, *q.shape[1:]) if uniform else q[batch.query_index]  # [B, Q, H, D]
     if qp.shape[1] <= MAX_MATMUL_QUERIES:
-        out = head_major_attention(qp, kv[0], kv[1], ctx.attn_mask, scale)  # [B, Q, H, D]
+        out = head_major_attention(qp, kv[0], kv[1], batch.mask, scale)  # [B, Q, H, D]
     else:
         out = F.scaled_dot_product_attention(
-            qp.transpose(1, 2), kv[0].transpose(0, 1), kv[1].transpose(0, 1), attn_mask=ctx.attn_mask,
+            qp.transpose(1, 2), kv[0].transpose(0, 1), kv[1].transpose(0, 1), attn_mask=batch.mask,
             scale=scale, enable_gqa=qp.shape[2] != kvh,
         ).transpose(1, 2)  # [B, Q, H, D]
-    return out.reshape(q.shape) if uniform else out[ctx.token_batch, ctx.token_offset]  # [T, H, D]
+    return out.reshape(q.shape) if uniform else out[batch.token_batch, batch.token_offset]  # [T, H, D]
+
+
+_keys = itertools.count()
+_layers: "weakref.WeakValueDictionary[int, Attention]" = weakref.WeakValueDictionary()  # for the custom op
 
 
 class Attention(nn.Module):
@@ -94,18 +95,36 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.kv_cache = torch.empty(0)  # [2, KVH, num_slots, D], bound by the runner
+        self.op_key = next(_keys)  # how the compiled graph's custom op finds this layer
+        _layers[self.op_key] = self
 
-    def forward(
+    def attend(
         self,
-        q: torch.Tensor,  # [T, H*D]
-        k: torch.Tensor,  # [T, KVH*D]
-        v: torch.Tensor,  # [T, KVH*D]
-    ) -> torch.Tensor:  # [T, H*D]
+        q: torch.Tensor,  # [N, H*D]: N >= T rows, the rows past the context's T are a compiled graph's padding
+        k: torch.Tensor,  # [N, KVH*D]
+        v: torch.Tensor,  # [N, KVH*D]
+    ) -> torch.Tensor:  # [N, H*D]
         ctx = get_forward_context()
-        num_tokens = q.shape[0]
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        rows, num_tokens = q.shape[0], ctx.num_tokens
+        q = q[:num_tokens].view(num_tokens, self.num_heads, self.head_dim)
+        k = k[:num_tokens].view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v[:num_tokens].view(num_tokens, self.num_kv_heads, self.head_dim)
         store_kv(k, v, self.kv_cache, ctx.slot_mapping)
-        out = paged_attention(q, self.kv_cache, ctx, self.scale)
-        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+        out = ctx.backend.attend(q, self.kv_cache, ctx, self.scale).reshape(num_tokens, -1)  # [T, H*D]
+        return out if rows == num_tokens else F.pad(out, (0, 0, 0, rows - num_tokens))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.ssd.paged_attention(q, k, v, self.op_key)
+        return self.attend(q, k, v)
+
+
+@torch.library.custom_op("ssd::paged_attention", mutates_args=())
+def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op_key: int) -> torch.Tensor:
+    """Layer `op_key`'s attention (stores the new K/V in its cache, which the graph never sees)."""
+    return _layers[op_key].attend(q, k, v)
+
+
+@_paged_attention_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op_key: int) -> torch.Tensor:
+    return torch.empty_like(q)

@@ -53,6 +53,9 @@ class RotaryEmbedding(nn.Module):
         return self._on_device[device]
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():  # a graph: the lookups are plain ops, no memo (it is host state)
+            cos_table, sin_table = self._tables(positions.device)
+            return cos_table[positions].unsqueeze(1).to(dtype), sin_table[positions].unsqueeze(1).to(dtype)
         memo = self._memo
         if memo is not None and memo[0] is positions and memo[1] == dtype:
             return memo[2], memo[3]

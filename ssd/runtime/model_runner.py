@@ -6,28 +6,24 @@ By default they attend causally and their RoPE positions equal their physical po
 a token tree instead brings its own logical positions and its own attention mask.
 Prefill, decode, multi-token verify and tree verify are the same code with different items.
 
-Device boundary: items are plain CPU data; the runner builds the index tensors on CPU, moves them to the
-model's device, and hands the logits back on CPU (sampling and verification run there), while the target
-features (`aux_hidden`) stay on the device.
+Device boundary: items are plain CPU data; `StepInputs` builds the kernel-style context on the model's
+device (ssd/runtime/step_inputs.py), the attention backend derives its metadata once, the model runs compiled
+or eager (ssd/runtime/compile.py), and the logits come back on CPU (sampling and verification run there),
+while the target features (`aux_hidden`) stay on the device.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ssd.context import ForwardContext, ForwardMode, forward_context
-from ssd.layers.attention import bucketed
+from ssd.layers.attention_backend import AttentionBackend, TorchBackend
+from ssd.runtime.compile import CompiledModel
+from ssd.runtime.step_inputs import ForwardItem, StepInputs
 
-
-@dataclass(frozen=True)
-class ForwardItem:
-    token_ids: list[int]  # the new tokens this sequence feeds
-    start_position: int  # physical KV position of the first new token (= tokens already in KV)
-    block_table: list[int]  # the sequence's KV blocks, covering start_position + len(token_ids)
-    num_logits: int = 1  # logits wanted for the last `num_logits` new tokens (0: a prompt chunk only fills KV)
-    positions: list[int] | None = None  # RoPE positions of the new tokens; None = physical positions
-    attn_mask: torch.Tensor | None = None  # [n, start_position + n] bool, True = may attend; None = causal
+__all__ = ["ForwardItem", "ForwardOutput", "ModelRunner"]
 
 
 @dataclass(frozen=True)
@@ -38,70 +34,51 @@ class ForwardOutput:
     aux_hidden: torch.Tensor | None
 
 
+def logit_rows(lengths: list[int], num_logits: list[int]) -> torch.Tensor:
+    """[sum(num_logits)] int64: the flat rows of each item's last num_logits tokens, items in order."""
+    ends = torch.tensor(lengths).cumsum(0)  # [B]
+    wanted = torch.tensor(num_logits)  # [B]
+    total = int(wanted.sum())
+    item = torch.repeat_interleave(torch.arange(len(lengths)), wanted, output_size=total)  # [N]
+    within = torch.arange(total) - (wanted.cumsum(0) - wanted)[item]  # [N]
+    return (ends - wanted)[item] + within
+
+
 class ModelRunner:
-    def __init__(self, model: nn.Module, block_size: int, device: torch.device, kv_cache: torch.Tensor) -> None:
+    def __init__(self, model: nn.Module, block_size: int, device: torch.device, kv_cache: torch.Tensor,
+                 backend: AttentionBackend | None = None, compiled: CompiledModel | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
         self.kv_cache = kv_cache  # [L, 2, KVH, num_slots, D]
+        self.backend = backend or TorchBackend()
+        self.compiled = compiled  # None: every forward eager
+        self.step_inputs = StepInputs(block_size, device)
 
     def slots(self, block_table: list[int], positions: torch.Tensor) -> torch.Tensor:
         table = torch.tensor(block_table, dtype=torch.long)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def _item_mask(self, it: ForwardItem, total: int) -> torch.Tensor:  # [n, total] bool
-        if it.attn_mask is not None:
-            return it.attn_mask
-        n = len(it.token_ids)
-        return torch.arange(total)[None, :] <= (it.start_position + torch.arange(n))[:, None]
-
-    def build_context(self, items: list[ForwardItem], mode: ForwardMode) -> tuple[ForwardContext, torch.Tensor, torch.Tensor]:
-        """The forward context plus input ids [T] and positions [T]."""
-        lengths = [len(it.token_ids) for it in items]
-        totals = [it.start_position + n for it, n in zip(items, lengths, strict=True)]
-        num_q, num_s = max(lengths), bucketed(max(totals))  # keys padded to a bucket (see KEY_BUCKET)
-        uniform = len(set(lengths)) == 1  # tokens already form [B, Q]: no padding gather needed
-        ids, positions, slot_mapping, token_batch, token_offset = [], [], [], [], []
-        query_index = torch.zeros(len(items), num_q, dtype=torch.long)
-        kv_slots = torch.zeros(len(items), num_s, dtype=torch.long)
-        mask = torch.zeros(len(items), num_q, num_s, dtype=torch.bool)
-        mask[:, :, 0] = True  # padding queries look at key 0 so softmax stays finite
-        offset = 0
-        for b, (it, n, total) in enumerate(zip(items, lengths, totals, strict=True)):
-            slots = self.slots(it.block_table, torch.arange(total))  # [total]
-            kv_slots[b, :total] = slots
-            slot_mapping.append(slots[it.start_position :])
-            pos = torch.tensor(it.positions) if it.positions is not None else torch.arange(it.start_position, total)
-            positions.append(pos)
-            ids.extend(it.token_ids)
-            mask[b, :n, :total] = self._item_mask(it, total)  # keys past `total` are bucket padding
-            query_index[b, :n] = torch.arange(offset, offset + n)
-            token_batch.extend([b] * n)
-            token_offset.extend(range(n))
-            offset += n
-        ctx = ForwardContext(
-            mode=mode,
-            slot_mapping=torch.cat(slot_mapping).to(self.device),
-            kv_slots=kv_slots.to(self.device),
-            attn_mask=mask.unsqueeze(1).to(self.device),  # [B, 1, Q, S]: always, the key bucket pads every row
-            query_index=None if uniform else query_index.to(self.device),
-            token_batch=None if uniform else torch.tensor(token_batch, device=self.device),
-            token_offset=None if uniform else torch.tensor(token_offset, device=self.device),
-        )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return ctx, input_ids, torch.cat(positions).to(self.device)
+    def build_context(self, items: list[ForwardItem], mode: ForwardMode,
+                      padded_tokens: int | None = None) -> tuple[ForwardContext, torch.Tensor, torch.Tensor]:
+        """The forward context (with the backend's metadata) plus input ids and positions [padded_tokens or T]."""
+        ctx, input_ids, positions = self.step_inputs.build(items, mode, padded_tokens)
+        ctx = dataclasses.replace(ctx, backend=self.backend)
+        return dataclasses.replace(ctx, attn_metadata=self.backend.prepare(ctx)), input_ids, positions
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], mode: ForwardMode, aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        ctx, input_ids, positions = self.build_context(items, mode)
+        lengths = [len(it.token_ids) for it in items]
+        num_tokens = sum(lengths)
+        compiled = self.compiled
+        rows = compiled.rows_for(num_tokens) if compiled is not None else None
+        ctx, input_ids, positions = self.build_context(items, mode, rows)
         with forward_context(ctx):
-            hidden, aux = self.model(input_ids, positions, aux_layers)  # [T, d]
-        keep, offset = [], 0
-        for it in items:
-            n = len(it.token_ids)
-            keep.extend(range(offset + n - it.num_logits, offset + n))
-            offset += n
-        logits = self.model.compute_logits(hidden[torch.tensor(keep, dtype=torch.long, device=self.device)])  # [N, V]
+            model = compiled if compiled is not None else self.model
+            hidden, aux = model(input_ids, positions, aux_layers)  # [rows, d] (rows >= T: padding of a graph)
+        keep = logit_rows(lengths, [it.num_logits for it in items]).to(self.device)
+        logits = self.model.compute_logits(hidden[keep])  # [N, V]
+        aux = [a[:num_tokens] for a in aux]
         return ForwardOutput(logits.cpu(), torch.cat(aux, dim=-1) if aux else None)  # .cpu(): no copy on CPU
 
     def move_kv(self, block_table: list[int], src: list[int], dst: list[int]) -> None:

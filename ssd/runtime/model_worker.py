@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING
 import structlog
 import torch
 
+from ssd.context import ForwardMode
 from ssd.device import resolve_device
 from ssd.distributed import WHOLE, TensorParallel, tensor_parallel
 from ssd.dtypes import parse_dtype
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
+from ssd.layers.attention_backend import select_attention_backend
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_quantized_model
 from ssd.loader.safetensors_loader import read_tensor
-from ssd.runtime.model_runner import ModelRunner
+from ssd.runtime.compile import CompiledModel, resolve_compile, warm_up
+from ssd.runtime.model_runner import ForwardItem, ModelRunner
 
 if TYPE_CHECKING:
     from ssd.config import EngineConfig
@@ -41,6 +44,10 @@ class ModelWorker:
         device: str | torch.device = "cpu",
         tp: TensorParallel = WHOLE,
         quantization: str = "none",
+        *,
+        attention_backend: str = "auto",
+        compile: str = "auto",
+        enforce_eager: bool = False,
     ) -> None:
         started = time.perf_counter()
         self.path = path
@@ -50,23 +57,40 @@ class ModelWorker:
         with tensor_parallel(tp):
             self.model, self.model_config, self.quantization = load_quantized_model(path, self.dtype, quantization)
         self.model.to(self.device)  # a no-op on CPU
+        self.is_compiled = resolve_compile(compile, self.device, enforce_eager, tp.size)
         if linear_backend == "onednn" and self.device.type == "cpu":  # oneDNN packing is a CPU weight layout
-            pack_linear_weights(self.model)
+            # Compiled, inductor packs the graph's linears itself (freezing); only the LM head runs eager.
+            if self.is_compiled:
+                self.model.lm_head.pack()
+            else:
+                pack_linear_weights(self.model)
         mc = self.model_config
         kv_heads = mc.num_key_value_heads // tp.size  # this rank's
         shape = KVCacheShape(mc.num_hidden_layers, kv_heads, mc.head_dim, block_size, self.dtype)
         self.num_blocks = shape.num_blocks_for(kv_cache_memory_mb * 2**20)
         self.kv_cache = allocate_kv_cache(self.model, shape, self.num_blocks, self.device)  # [L, 2, KVH, slots, D]
         self.block_manager = BlockManager(self.num_blocks, block_size, enable_prefix_caching)
-        self.runner = ModelRunner(self.model, block_size, self.device, self.kv_cache)
+        backend = select_attention_backend(attention_backend, self.device)
+        compiled = CompiledModel(self.model, self.device) if self.is_compiled else None
+        self.runner = ModelRunner(self.model, block_size, self.device, self.kv_cache, backend, compiled)
+        self.compile_s = warm_up(self._warm_up_forward) if compiled is not None else 0.0
         self.load_s = time.perf_counter() - started
+        log.info("model worker ready", attention_backend=backend.name, compiled=self.is_compiled,
+                 compile_s=round(self.compile_s, 1))
+
+    def _warm_up_forward(self, num_tokens: int) -> None:
+        """One throwaway forward of `num_tokens` tokens into block 0 (no sequence holds a block yet)."""
+        blocks = list(range(-(-num_tokens // self.block_manager.block_size)))
+        self.runner.forward([ForwardItem([0] * num_tokens, 0, blocks)], ForwardMode.PREFILL)
 
     @classmethod
     def for_engine(cls, path: Path, config: "EngineConfig", device: str | torch.device,
                    tp: TensorParallel = WHOLE) -> "ModelWorker":
         """The target's worker (or one rank's shard of it) as an engine config describes it."""
         return cls(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
-                   config.enable_prefix_caching, device, tp=tp, quantization=config.quantization)
+                   config.enable_prefix_caching, device, tp=tp, quantization=config.quantization,
+                   attention_backend=config.attention_backend, compile=config.compile,
+                   enforce_eager=config.enforce_eager)
 
     def input_embedding(self) -> torch.Tensor:
         """The whole input embedding [V, d] (an EAGLE-3 head reads it); a sharded worker reads it from disk."""

@@ -51,10 +51,12 @@ class DraftModelProposer:
 
     def __init__(self, path: Path, dtype: str, target_vocab_size: int, block_size: int = 16,
                  kv_cache_memory_mb: int = 256, linear_backend: str = "onednn",
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", *, compile: str = "auto", enforce_eager: bool = False,
+                 attention_backend: str = "auto") -> None:
         """The draft model and its KV live on `device`; its logits come back on CPU (ssd/device.py)."""
         self.worker = ModelWorker(path, dtype, block_size, kv_cache_memory_mb, linear_backend,
-                                  enable_prefix_caching=False, device=device)
+                                  enable_prefix_caching=False, device=device, compile=compile,
+                                  enforce_eager=enforce_eager, attention_backend=attention_backend)
         vocab = self.worker.model_config.vocab_size
         if vocab != target_vocab_size:
             raise InvalidRequestError(

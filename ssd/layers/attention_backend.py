@@ -1,0 +1,177 @@
+"""The attention backends and the one place that picks one (`select_attention_backend`).
+
+torch: the plain-torch reference (gather each sequence's keys, batched matmuls or SDPA), on every device.
+triton: `kernels.paged_attention` (the project's Triton kernel; on CPU it runs under TRITON_INTERPRET=1, for
+tests). flash-attn: flash_attn's varlen kernel over gathered keys (CUDA; token trees fall back to torch).
+`auto` = flash-attn where installed on CUDA, else triton on CUDA where the kernels package exists, else torch.
+Every backend reads the same `ForwardContext` fields; `prepare` derives its own metadata once per forward.
+"""
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ssd.config import ATTENTION_BACKENDS
+from ssd.context import ForwardContext
+from ssd.errors import InvalidRequestError
+from ssd.layers.mask_bits import mask_bits
+
+# Attention reads keys in multiples of this, the padding masked out. On CPU, oneDNN builds a new bf16
+# matmul primitive for every new key count (measured here: ~1.4 ms against ~0.08 ms for a reused one), and
+# a decoding sequence's key count grows every step: bucketed, a primitive is built once per 64 positions.
+KEY_BUCKET = 64
+
+
+def bucketed(num_keys: int) -> int:
+    """`num_keys` rounded up to a multiple of KEY_BUCKET (the key count attention reads)."""
+    return -(-num_keys // KEY_BUCKET) * KEY_BUCKET
+
+
+def ragged_index(lengths: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row b repeated lengths[b] times, and the index inside its row: both [total] (total = lengths.sum())."""
+    rows = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=total)
+    starts = torch.cumsum(lengths, 0) - lengths  # [B]
+    return rows, torch.arange(total, device=lengths.device) - starts[rows]
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def prepare(self, ctx: ForwardContext) -> Any:
+        """Per-forward metadata derived from the context on the device (shared by every layer)."""
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
+        """q [T, H, D], kv_cache [2, KVH, num_slots, D] (new K/V already stored) -> [T, H, D]."""
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """The torch path's view of a forward: queries padded to [B, Q], keys gathered to [B, S], a dense mask."""
+
+    kv_slots: torch.Tensor  # [B, S] int64: KV slot of each key (S = bucketed max_seq_len; padding reads block 0)
+    mask: torch.Tensor  # [B, 1, Q, S] bool, True = may attend
+    query_index: torch.Tensor | None  # [B, Q] int64 flat row of each padded query; None when is_uniform
+    token_batch: torch.Tensor | None  # [T] int64 sequence of each flat row; None when is_uniform
+    token_offset: torch.Tensor | None  # [T] int64 column of each flat row in query_index; None when is_uniform
+
+
+def padded_batch(ctx: ForwardContext) -> PaddedBatch:
+    """Build the torch path's gather indices and mask from the kernel fields, with tensor ops on the device."""
+    dev, bs = ctx.seq_lens.device, ctx.block_size
+    num_seqs, num_q, num_keys = ctx.seq_lens.numel(), ctx.max_query_len, bucketed(ctx.max_seq_len)
+    key = torch.arange(num_keys, device=dev)  # [S]
+    block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
+    kv_slots = ctx.block_tables[:, block].to(torch.int64) * bs + key % bs  # [B, S]
+    seq_lens = ctx.seq_lens.to(torch.int64)
+    col = torch.arange(num_q, device=dev)  # [Q]
+    if ctx.is_uniform and ctx.tree_mask is None:  # decode / equal verify: no padding rows, a few ops fewer
+        bound = (seq_lens - num_q)[:, None] + col[None, :] + 1  # [B, Q]: query i sees keys < bound
+        return PaddedBatch(kv_slots, (key < bound[:, :, None]).unsqueeze(1), None, None, None)
+    qsl = ctx.query_start_loc.to(torch.int64)
+    q_len = qsl[1:] - qsl[:-1]  # [B]
+    is_query = col[None, :] < q_len[:, None]  # [B, Q]: a real query, not padding
+    query_index = (qsl[:-1, None] + col[None, :]).clamp(max=ctx.num_tokens - 1)  # [B, Q]
+    if ctx.tree_mask is None:  # causal: query i sees keys < seq_len - q_len + i + 1
+        mask = key[None, None, :] < (seq_lens - q_len)[:, None, None] + col[None, :, None] + 1  # [B, Q, S]
+    else:
+        start = ctx.mask_start.to(torch.int64)[:, None, None]  # [B, 1, 1]
+        rel = (key[None, None, :] - start).clamp(min=0).expand(num_seqs, num_q, num_keys)  # [B, Q, S]
+        bits = mask_bits(ctx.tree_mask[query_index], rel)  # [B, Q, S]
+        mask = (key < start) | (bits & (key < seq_lens[:, None, None]))
+    mask = (mask & is_query[:, :, None]) | ((key == 0) & ~is_query[:, :, None])  # padding queries see key 0
+    if ctx.is_uniform:
+        return PaddedBatch(kv_slots, mask.unsqueeze(1), None, None, None)
+    token_batch, token_offset = ragged_index(q_len, ctx.num_tokens)  # [T] each
+    return PaddedBatch(kv_slots, mask.unsqueeze(1), query_index, token_batch, token_offset)
+
+
+class TorchBackend:
+    name = "torch"
+
+    def prepare(self, ctx: ForwardContext) -> PaddedBatch:
+        return padded_batch(ctx)
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
+        from ssd.layers.attention import paged_attention
+
+        return paged_attention(q, kv_cache, ctx.attn_metadata, scale)
+
+
+class TritonBackend:
+    """The kernels package's paged attention; it reads the context's fields as they are."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from kernels.paged_attention import paged_attention  # the top-level kernels package (optional)
+
+        self.kernel = paged_attention
+
+    def prepare(self, ctx: ForwardContext) -> None:
+        return None
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
+        return self.kernel(q, kv_cache[0], kv_cache[1], ctx.block_tables, ctx.seq_lens, ctx.query_start_loc,
+                           ctx.max_query_len, scale, block_size=ctx.block_size, mask_start=ctx.mask_start,
+                           tree_mask=ctx.tree_mask)
+
+
+class FlashAttnBackend:
+    """flash_attn_varlen_func over each sequence's keys gathered contiguous (written for CUDA; never run here:
+    no GPU in the session that wrote it). Token trees take the torch path (flash-attn has no arbitrary mask)."""
+
+    name = "flash-attn"
+
+    def __init__(self) -> None:
+        from flash_attn import flash_attn_varlen_func
+
+        self.kernel = flash_attn_varlen_func
+        self.fallback = TorchBackend()
+
+    def prepare(self, ctx: ForwardContext) -> Any:
+        if ctx.tree_mask is not None:
+            return self.fallback.prepare(ctx)
+        seq_lens = ctx.seq_lens.to(torch.int64)
+        cu_k = torch.zeros(seq_lens.numel() + 1, dtype=torch.int32, device=seq_lens.device)
+        cu_k[1:] = torch.cumsum(seq_lens, 0)
+        seq, col = ragged_index(seq_lens, int(seq_lens.sum()))  # [sum(seq_lens)] (a host sync on CUDA)
+        slots = ctx.block_tables[seq, col // ctx.block_size].to(torch.int64) * ctx.block_size + col % ctx.block_size
+        return cu_k, slots
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
+        if ctx.tree_mask is not None:
+            return self.fallback.attend(q, kv_cache, ctx, scale)
+        cu_k, slots = ctx.attn_metadata
+        kv = kv_cache[:, :, slots].transpose(1, 2)  # [2, sum(seq_lens), KVH, D]
+        return self.kernel(q, kv[0], kv[1], ctx.query_start_loc, cu_k, ctx.max_query_len, ctx.max_seq_len,
+                           softmax_scale=scale, causal=True)  # causal aligns queries to the end of the keys
+
+
+def select_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+    """The backend for `--attention-backend name` on this device (the one place the choice is made)."""
+    if name not in ATTENTION_BACKENDS:
+        raise InvalidRequestError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
+    if name == "auto":
+        if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+            return FlashAttnBackend()
+        if device.type == "cuda" and importlib.util.find_spec("kernels") is not None:
+            return TritonBackend()
+        return TorchBackend()
+    if name == "torch":
+        return TorchBackend()
+    if name == "flash-attn":
+        if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+            raise InvalidRequestError("attention backend flash-attn needs CUDA and the flash_attn package")
+        return FlashAttnBackend()
+    if importlib.util.find_spec("kernels") is None or importlib.util.find_spec("kernels.paged_attention") is None:
+        raise InvalidRequestError("attention backend triton needs the kernels package (kernels.paged_attention)")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        if "triton" in sys.modules:  # triton reads the variable when first imported: too late to set it now
+            raise InvalidRequestError("attention backend triton on CPU runs in Triton's interpreter: start the "
+                                      "process with TRITON_INTERPRET=1")
+        os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter runs the kernel on CPU tensors
+    return TritonBackend()
