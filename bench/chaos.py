@@ -156,17 +156,25 @@ def wait_served(c: openai.OpenAI, timeout_s: float) -> bool:
     return False
 
 
-def kill_under_load(serve: Serve, kind: str, expected: dict[str, str], num_streams: int, max_tokens: int,
-                    stream_timeout_s: float = 180.0, recovery_timeout_s: float = 240.0) -> ChaosRow:
-    """Start the streams, kill -9 the first live `kind` child once every stream has streamed, classify."""
-    c = client(serve.url)
+def start_streams(c, expected: dict[str, str], num_streams: int, max_tokens: int,  # noqa: ANN001 - an OpenAI client
+                  min_chunks: int) -> tuple[list[str], list[StreamResult]]:
+    """Start `num_streams` streams over the expected prompts in turn; return once each has streamed `min_chunks`
+    chunks (or ended), or after a minute."""
     prompts = [list(expected)[i % len(expected)] for i in range(num_streams)]
     results = [StreamResult() for _ in prompts]
     for prompt, r in zip(prompts, results, strict=True):
         threading.Thread(target=run_stream, args=(c, prompt, max_tokens, r), daemon=True).start()
     deadline = time.monotonic() + 60
-    while not all(r.num_chunks >= 2 or r.done.is_set() for r in results) and time.monotonic() < deadline:
+    while not all(r.num_chunks >= min_chunks or r.done.is_set() for r in results) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return prompts, results
+
+
+def kill_under_load(serve: Serve, kind: str, expected: dict[str, str], num_streams: int, max_tokens: int,
+                    stream_timeout_s: float = 180.0, recovery_timeout_s: float = 240.0) -> ChaosRow:
+    """Start the streams, kill -9 the first live `kind` child once every stream has streamed, classify."""
+    c = client(serve.url)
+    prompts, results = start_streams(c, expected, num_streams, max_tokens, min_chunks=2)
     victims = serve.children().get(kind, [])
     if not victims:
         raise RuntimeError(f"no live {kind} child to kill")
@@ -201,13 +209,7 @@ def stop_under_load(serve: Serve, expected: dict[str, str], num_streams: int, ma
     """SIGTERM the supervisor while streams run: (its exit code, the streams). Each child drains within its
     grace period, so streams that end within it complete."""
     c = client(serve.url)
-    prompts = [list(expected)[i % len(expected)] for i in range(num_streams)]
-    results = [StreamResult() for _ in prompts]
-    for prompt, r in zip(prompts, results, strict=True):
-        threading.Thread(target=run_stream, args=(c, prompt, max_tokens, r), daemon=True).start()
-    deadline = time.monotonic() + 60
-    while not all(r.num_chunks >= 1 or r.done.is_set() for r in results) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _, results = start_streams(c, expected, num_streams, max_tokens, min_chunks=1)
     code = serve.stop()
     for r in results:
         r.done.wait(timeout_s)
