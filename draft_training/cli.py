@@ -8,7 +8,7 @@ from pathlib import Path
 
 import structlog
 
-from ssd.cli_flags import add_dtype_flag
+from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
 from ssd.errors import InvalidRequestError
 
 log = structlog.get_logger(__name__)
@@ -101,7 +101,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     prompts = [HeldOutPrompt(p.dataset, p.text, p.is_chat) for p in load_prompts("all", args.num_prompts)]
     config = EvalConfig(target=_resolve(args.target), draft=args.draft, num_prompts=args.num_prompts,
                         max_new_tokens=args.max_new_tokens, tree_budget=args.tree_budget, dtype=args.dtype,
-                        num_threads=args.threads)
+                        num_threads=args.threads, **step_options_from_args(args))
     report = evaluate_head(config, prompts)
     text = format_report(report)
     print(text)
@@ -187,6 +187,7 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--tree-budget", type=int, default=16, help="draft tokens in the token tree")
     add_dtype_flag(e, whose="the target's")
+    add_step_flags(e)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the report as JSON here")
     e.add_argument("--write-card", action="store_true",

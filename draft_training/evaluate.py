@@ -37,6 +37,9 @@ class EvalConfig:
     temperature_k: int = 5
     dtype: str = "auto"  # the target's dtype (the head runs in float32); auto: see ssd/dtypes.py
     num_threads: int | None = None
+    attention_backend: str = "auto"  # the target engine's step options (EngineConfig)
+    compile: str = "auto"
+    enforce_eager: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ def build_traces(config: EvalConfig, prompts: list[HeldOutPrompt], extractor: Ta
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
-    llm = LLM(config.target, dtype=config.dtype, num_threads=config.num_threads, max_num_seqs=len(prompts))
+    llm = LLM(config.target, dtype=config.dtype, num_threads=config.num_threads, max_num_seqs=len(prompts),
+              attention_backend=config.attention_backend, compile=config.compile, enforce_eager=config.enforce_eager)
     encoded = [llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": p.text}]) if p.is_chat else p.text)
                for p in prompts]
     outputs = llm.generate(encoded, SamplingParams(temperature=0.0, max_tokens=config.max_new_tokens), use_tqdm=True)
