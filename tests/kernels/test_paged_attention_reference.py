@@ -7,19 +7,19 @@ from torch import nn
 from kernels.packed_mask import pack_sequence_masks
 from kernels.paged_attention import paged_attention_reference
 from ssd.context import ForwardMode
-from ssd.layers.attention import paged_attention as engine_paged_attention
 from ssd.runtime.model_runner import ForwardItem, ModelRunner
 from tests.kernels.paged_batch import PagedBatch, make_batch, tree_cases
 
 
 def engine_attention(batch: PagedBatch, masks: list[torch.Tensor] | None = None) -> torch.Tensor:  # [T, H, D]
-    """ssd.layers.attention.paged_attention over the same cache, through the runner's own context."""
+    """The engine's torch attention backend (gather + dense mask) over the same cache, through the runner's own
+    context."""
     runner = ModelRunner(nn.Identity(), batch.block_size, torch.device("cpu"), batch.kv_cache[None])
     q_lens = (batch.query_start_loc[1:] - batch.query_start_loc[:-1]).tolist()
     items = [ForwardItem([0] * n, int(batch.seq_lens[b]) - n, batch.block_table(b),
                          attn_mask=None if masks is None else masks[b]) for b, n in enumerate(q_lens)]
     ctx, _, _ = runner.build_context(items, ForwardMode.TREE)
-    return engine_paged_attention(batch.q, batch.kv_cache, ctx, batch.scale)
+    return ctx.backend.attend(batch.q, batch.kv_cache, ctx, batch.scale)
 
 
 Q_LENS = [[1] * 6, [1, 5, 5, 5, 5, 5], [1, 15, 16, 16, 16, 16], [1, 5, 16, 3, 2, 9]]
