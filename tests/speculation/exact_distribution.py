@@ -53,3 +53,14 @@ def chi_square_pvalue(samples: list[tuple], exact: dict[tuple, float], min_expec
         stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
         dof += 1
     return float(chi2.sf(stat, dof))
+
+
+def tiny_target_and_draft(tmp_path_factory):  # noqa: ANN001, ANN201 - shared by the chi-square test modules
+    """(target folder, draft folder, the target as a float64 HF model): a 16-token vocabulary, so exact joint
+    distributions stay small; the draft has other weights and one layer."""
+    from tests.tiny_models import write_tiny_checkpoint
+
+    target, draft = tmp_path_factory.mktemp("t"), tmp_path_factory.mktemp("d")
+    hf = write_tiny_checkpoint(target, "llama", seed=0, vocab_size=16, initializer_range=0.3)
+    write_tiny_checkpoint(draft, "llama", seed=5, vocab_size=16, num_hidden_layers=1, initializer_range=0.3)
+    return target, draft, hf.double()

@@ -10,8 +10,7 @@ from ssd.config import SpeculationConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation import verification
-from tests.speculation.exact_distribution import chi_square_pvalue, joint_distribution
-from tests.tiny_models import write_tiny_checkpoint
+from tests.speculation.exact_distribution import chi_square_pvalue, joint_distribution, tiny_target_and_draft
 
 NUM_RUNS = 20_000
 PROMPT = [3, 7, 2, 9]
@@ -20,10 +19,7 @@ TEMP = 0.9
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    target, draft = tmp_path_factory.mktemp("t"), tmp_path_factory.mktemp("d")
-    hf = write_tiny_checkpoint(target, "llama", seed=0, vocab_size=16, initializer_range=0.3)
-    write_tiny_checkpoint(draft, "llama", seed=5, vocab_size=16, num_hidden_layers=1, initializer_range=0.3)
-    hf = hf.double()
+    target, draft, hf = tiny_target_and_draft(tmp_path_factory)
     return target, draft, joint_distribution(hf, PROMPT, TEMP), hf
 
 
