@@ -78,6 +78,7 @@ class Child:
     extra_env: dict[str, str] | None = None
     started_at: float = field(default_factory=time.monotonic)
     num_restarts: int = 0
+    metrics_url: str | None = None  # its Prometheus /metrics (model services: --metrics-port; the gateway's HTTP)
 
 
 @dataclass
@@ -138,11 +139,13 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
     """A checkpoint draft also gets the target model: an EAGLE-3 head needs its embedding and config."""
     c = stack.config
     stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
+    metrics_port = free_port()
     args = ["draft_service", "--draft", c.draft, "--address", stack.draft_address, "--dtype", c.dtype,
-            "--device", c.device, "--threads", "1", *c.tls.as_args()]
+            "--device", c.device, "--threads", "1", "--metrics-port", str(metrics_port), *c.tls.as_args()]
     if c.draft != "ngram":
         args += ["--target-model", c.model]
     child = spawn("draft", args, stack.draft_address, core, c.log_dir)
+    child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
     return child
 
@@ -150,8 +153,9 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
 def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -> Child:
     """A target; with tensor parallelism its ranks pin themselves to one core each of the cores it gets."""
     c = stack.config
-    address = f"127.0.0.1:{free_port()}"
+    address, metrics_port = f"127.0.0.1:{free_port()}", free_port()
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
+            "--metrics-port", str(metrics_port),
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
             "--tensor-parallel-size", str(c.tensor_parallel_size), "--quantization", c.quantization,
             "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
@@ -162,6 +166,7 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
     if stack.draft_address:
         args += ["--draft-address", stack.draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir)
+    child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
     stack.target_addresses.append(address)
     return child
@@ -177,6 +182,7 @@ def start_gateway(stack: Stack) -> Child:
         args.append("--no-auth")
     env = {"SSD_API_KEYS": c.api_key} if c.api_key is not None else None  # never on the command line
     child = spawn("gateway", args, stack.grpc_address, None, c.log_dir, env)
+    child.metrics_url = stack.url + "/metrics"
     stack.children.append(child)
     return child
 

@@ -11,12 +11,14 @@ import torch
 
 from draft_service.config import DraftServiceConfig, parse_args
 from draft_service.limits import SessionLimits
+from draft_service.metrics import build_registry
 from draft_service.proposers import ServiceDraft, build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
+from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
 from rpc.tls_files import TlsConfigError
 from ssd.errors import SSDError
@@ -31,8 +33,11 @@ async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
     spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
     server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
                         is_internal=True)
+    metrics = start_metrics_server(build_registry(servicer), config.address, config.metrics_port)
 
     async def on_stop() -> None:
+        if metrics is not None:
+            metrics.stop()
         await servicer.close()
 
     await server.run(on_stop)
@@ -52,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(config.num_threads)
     try:
         check_port_free(config.address)  # before loading the model
+        check_metrics_port_free(config.address, config.metrics_port)
     except PortInUseError as e:
         log.error("cannot start the draft", address=config.address, error=str(e))
         raise SystemExit(2) from e

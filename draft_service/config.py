@@ -5,6 +5,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
 from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, MAX_LOOKAHEAD, SsdConfig
@@ -16,6 +17,7 @@ class DraftServiceConfig:
     draft: str = "ngram"  # "ngram", a draft checkpoint or an EAGLE-3 head folder / known model name
     target_model: str | None = None  # the target checkpoint an EAGLE-3 head drafts for (its embedding + config)
     address: str = "127.0.0.1:50052"  # host:port to listen on
+    metrics_port: int = 0  # Prometheus /metrics over HTTP on this port, on the host of `address`; 0 = off
     dtype: str = "float32"  # draft weights dtype
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the draft runs
     num_threads: int = 1  # torch intra-op threads
@@ -36,6 +38,8 @@ class DraftServiceConfig:
     log_json: bool = True
 
     def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise InvalidRequestError(f"metrics port must be in [0, 65535] (0 = off), got {self.metrics_port}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.num_threads < 1 or self.kv_cache_memory_mb < 1 or self.block_size < 1:
@@ -53,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--target-model", default=env.get("SSD_DRAFT_TARGET_MODEL") or None,
                    help="target checkpoint folder or known model name (needed by EAGLE-3 heads)")
     p.add_argument("--address", default=env.get("SSD_DRAFT_ADDRESS", "127.0.0.1:50052"))
+    add_metrics_port_flag(p, env, "SSD_DRAFT_METRICS_PORT")
     add_dtype_flag(p, default=env.get("SSD_DRAFT_DTYPE", "float32"), whose="the draft's")
     p.add_argument("--device", default=env.get("SSD_DRAFT_DEVICE", "cpu"), help="where the draft runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
@@ -68,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
         ssd = SsdConfig(fan_out_budget=a.fan_out_budget, fan_out=a.fan_out, backup=a.backup,
                         backup_max_neural_batch=a.backup_max_neural_batch, saguaro_c=a.saguaro_c)
         return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
-                                  device=a.device,
+                                  device=a.device, metrics_port=a.metrics_port,
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
                                   max_speculative_tokens=a.max_speculative_tokens,
                                   max_session_sequences=a.max_session_sequences, max_model_len=a.max_model_len,

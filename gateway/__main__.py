@@ -34,7 +34,7 @@ class _HttpServer(uvicorn.Server):
 async def serve(config: GatewayConfig) -> None:
     router = Router(config.targets, config.health_interval_s, tls=config.tls)
     await router.start()
-    metrics = GatewayMetrics(router)
+    metrics = GatewayMetrics(router, config.model_name)
     keys = ApiKeys(config.api_keys, config.is_auth_disabled)
     if config.is_auth_disabled:
         log.warning("API-key authentication is disabled")

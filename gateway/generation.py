@@ -20,7 +20,7 @@ import structlog
 
 from gateway.config import GatewayConfig
 from gateway.errors import DeadlineExceeded, InvalidRequest, ModelNotFound, NoReplica, UpstreamError
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, ModelSeries
 from gateway.request_checks import CHARS_PER_TOKEN, check_params, check_prompt_size, check_token_ids
 from gateway.router import Router
 from gateway.tokenizer import ChatRender, IncrementalDetokenizer, StopStrings, TextTokenizer
@@ -182,8 +182,9 @@ class TextGenerator:
         stops = StopStrings(list(req.stop), include=req.include_stop)
         target_req = target_pb2.VerifierGenerateRequest(request_id=req.request_id, prompt_token_ids=ids,
                                                         params=params, mode=MODES[req.mode])
-        num_tokens, last_time, tried, sent_prompt = 0, None, set(), False
-        self.metrics.prompt_tokens.inc(len(ids))
+        num_tokens, last_time, tried, sent_prompt, num_cached = 0, None, set(), False, 0
+        series = self.metrics.for_model(self.model_name)
+        series.prompt_tokens.inc(len(ids))
         if params.HasField("grammar"):
             self.metrics.constrained.labels(params.grammar.WhichOneof("kind") or "none").inc()
         while True:
@@ -196,24 +197,25 @@ class TextGenerator:
                     n = len(msg.token_ids)
                     if n:
                         if last_time is None:
-                            self.metrics.ttft.observe(now - start)
+                            series.ttft.observe(now - start)
                         else:
                             for _ in range(n):
-                                self.metrics.itl.observe((now - last_time) / n)
+                                series.itl.observe((now - last_time) / n)
                         last_time = now
                     num_tokens += n
-                    self.metrics.generation_tokens.inc(n)
+                    num_cached = num_cached or msg.num_cached_prompt_tokens  # the target sends it once, first
+                    series.generation_tokens.inc(n)
                     is_last = msg.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
                     text = stops.push(detok.push(list(msg.token_ids)), is_last=is_last)
                     finish = "stop" if stops.is_stopped else FINISH_NAMES.get(msg.finish_reason)
                     delta = TextDelta(text, list(msg.token_ids), finish, len(ids), num_tokens,
-                                      msg.num_cached_prompt_tokens, logprobs=list(msg.logprobs),
+                                      num_cached, logprobs=list(msg.logprobs),
                                       prompt_logprobs=list(msg.prompt_logprobs),
                                       prompt_token_ids=[] if sent_prompt else ids)
                     sent_prompt = True
                     if finish is not None:
                         delta.spec = msg.spec if msg.HasField("spec") else None
-                        self._finished(delta, start)
+                        self._finished(delta, start, series)
                         yield delta
                         return
                     yield delta
@@ -233,17 +235,12 @@ class TextGenerator:
                 replica.num_outstanding_tokens -= params.max_tokens
                 call.cancel()  # no-op when finished; aborts the target request otherwise
 
-    def _finished(self, delta: TextDelta, start: float) -> None:
-        self.metrics.e2e.observe(time.perf_counter() - start)
-        self.metrics.requests.labels(delta.finish_reason).inc()
-        if delta.spec is not None:
-            self.metrics.spec_drafts.inc(delta.spec.num_drafts)
-            self.metrics.spec_draft_tokens.inc(delta.spec.num_draft_tokens)
-            self.metrics.spec_accepted.inc(delta.spec.num_accepted_tokens)
-            self.metrics.spec_hits.inc(delta.spec.num_cache_hits)
-            self.metrics.spec_misses.inc(delta.spec.num_cache_misses)
+    def _finished(self, delta: TextDelta, start: float, series: ModelSeries) -> None:
+        """Request-level metrics; the speculation counters are the target's (its own /metrics)."""
+        series.e2e.observe(time.perf_counter() - start)
+        series.success[delta.finish_reason].inc()
         log.info("finished", finish_reason=delta.finish_reason, prompt_tokens=delta.prompt_tokens,
-                 completion_tokens=delta.completion_tokens)
+                 completion_tokens=delta.completion_tokens, cached_prompt_tokens=delta.cached_prompt_tokens)
 
     async def complete(self, req: TextRequest) -> TextDelta:
         """The whole completion as one delta (text and token ids concatenated)."""

@@ -1,9 +1,14 @@
 """The gateway's Prometheus metrics, in a registry of its own (no global state).
 
-Latencies and token counters are measured here; running / waiting / KV use come from the
-replicas' last GetLoad at scrape time; speculation counters from per-request stats; the admission
-queue's counts at scrape time.
+The gateway is vLLM's API frontend: it exports vLLM's request-level series under vLLM's names, types, buckets
+and `model_name` label (latencies as the client sees them, prompt / generation tokens, finished requests), so
+vLLM's dashboards and routers read them unchanged. The engine-side series (running / waiting, KV use, prefix
+cache, speculative decoding) are the targets' own (target_service/metrics.py), scraped from each target, so
+nothing is counted twice. The gateway's own counters (`ssd_*`: replica health, admission, retries, errors,
+grammars) stay under their names.
 """
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -11,24 +16,25 @@ from prometheus_client.core import GaugeMetricFamily
 from gateway.admission import Admission
 from gateway.router import Router
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so its dashboards' quantiles read the same
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = ("stop", "length", "abort")  # vLLM's finished_reason values, and ours
 
 
-class _ReplicaLoadCollector:
+class _ReplicaHealthCollector:
     def __init__(self, router: Router) -> None:
         self.router = router
 
     def collect(self):  # noqa: ANN201 - prometheus collector protocol
-        running = GaugeMetricFamily("ssd_requests_running", "Requests being decoded", labels=["replica"])
-        waiting = GaugeMetricFamily("ssd_requests_waiting", "Requests waiting for admission", labels=["replica"])
-        kv = GaugeMetricFamily("ssd_kv_cache_usage_ratio", "Fraction of KV blocks in use", labels=["replica"])
         healthy = GaugeMetricFamily("ssd_replica_healthy", "1 if the replica is serving", labels=["replica"])
         for r in self.router.replicas:
-            running.add_metric([r.address], r.load.num_running)
-            waiting.add_metric([r.address], r.load.num_waiting)
-            kv.add_metric([r.address], r.load.num_used_kv_blocks / r.load.num_kv_blocks if r.load.num_kv_blocks else 0.0)
             healthy.add_metric([r.address], 1.0 if r.is_healthy else 0.0)
-        yield from (running, waiting, kv, healthy)
+        yield healthy
 
 
 class _AdmissionCollector:
@@ -42,32 +48,56 @@ class _AdmissionCollector:
                                 value=self.admission.num_waiting)
 
 
+@dataclass(frozen=True)
+class ModelSeries:
+    """One served model's request-level series (the metrics bound to its `model_name`)."""
+
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    success: dict[str, Counter]  # finished_reason -> counter
+
+
 class GatewayMetrics:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, served_model_name: str | None = None) -> None:
+        self.router = router
+        self.served_model_name = served_model_name  # the config's name; else the targets' (TargetInfo)
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram("ssd_time_to_first_token_seconds", "Time to first token", registry=r,
-                              buckets=_LATENCY_BUCKETS)
-        self.itl = Histogram("ssd_inter_token_latency_seconds", "Time between streamed tokens", registry=r,
-                             buckets=_LATENCY_BUCKETS)
-        self.e2e = Histogram("ssd_e2e_request_latency_seconds", "Request latency, end to end", registry=r,
-                             buckets=_LATENCY_BUCKETS)
-        self.prompt_tokens = Counter("ssd_prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("ssd_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("ssd_requests", "Finished requests", ["finish_reason"], registry=r)
+        label = ["model_name"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              label, registry=r, buckets=TTFT_BUCKETS)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             label, registry=r, buckets=ITL_BUCKETS)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             label, registry=r, buckets=REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", label, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", label,
+                                         registry=r)
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               [*label, "finished_reason"], registry=r)
         self.errors = Counter("ssd_request_errors", "Failed requests", ["code"], registry=r)
         self.retries = Counter("ssd_request_retries", "Requests retried on another replica", registry=r)
-        self.spec_drafts = Counter("ssd_spec_decode_num_drafts", "Speculation rounds", registry=r)
-        self.spec_draft_tokens = Counter("ssd_spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
-        self.spec_accepted = Counter("ssd_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
-        self.spec_hits = Counter("ssd_spec_decode_cache_hits", "Speculation cache hits (SSD)", registry=r)
-        self.spec_misses = Counter("ssd_spec_decode_cache_misses", "Speculation cache misses (SSD)", registry=r)
         self.rejected = Counter("ssd_gateway_rejected_requests", "Requests refused by admission (429 / "
                                 "RESOURCE_EXHAUSTED, or past their deadline while waiting)", ["reason"], registry=r)
         self.constrained = Counter("ssd_structured_output_requests", "Requests held to a grammar (structured "
                                    "output; named and required tool calls count as json_schema)", ["grammar"],
                                    registry=r)
-        r.register(_ReplicaLoadCollector(router))
+        r.register(_ReplicaHealthCollector(router))
+
+    @property
+    def model_name(self) -> str | None:
+        """The served model's name; None until a target has answered (and the config names none)."""
+        info = self.router.info()
+        return self.served_model_name or (info.model_name if info is not None else None)
+
+    def for_model(self, model_name: str) -> ModelSeries:
+        """The series labelled `model_name` (made at zero on first use, as vLLM makes them at start-up)."""
+        return ModelSeries(self.ttft.labels(model_name), self.itl.labels(model_name), self.e2e.labels(model_name),
+                           self.prompt_tokens.labels(model_name), self.generation_tokens.labels(model_name),
+                           {reason: self.success.labels(model_name, reason) for reason in FINISH_REASONS})
 
     def watch(self, admission: Admission) -> None:
         """Export the admission queue's in-flight and waiting counts, and count its refusals."""
@@ -75,4 +105,6 @@ class GatewayMetrics:
         admission.on_reject = lambda reason: self.rejected.labels(reason).inc()
 
     def render(self) -> bytes:
+        if self.model_name is not None:
+            self.for_model(self.model_name)  # the served model's series exist (at zero) before its first request
         return generate_latest(self.registry)

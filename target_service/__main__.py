@@ -11,6 +11,7 @@ from protos import require_current_stubs
 from protos.ssd.v1 import target_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
+from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
 from rpc.tls_files import TlsConfigError
 from ssd.config import EngineConfig, SpeculationConfig, TreeShape
@@ -21,6 +22,7 @@ from ssd.model_store import resolve_model
 from target_service.admission import AdmissionLimits
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
+from target_service.metrics import build_registry
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from target_service.servicer import VerifierServicer
 
@@ -57,6 +59,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
 
 async def serve(config: TargetServiceConfig) -> None:
     check_port_free(config.address)  # before loading the model
+    check_metrics_port_free(config.address, config.metrics_port)
     engine, proposer = build_engine(config)
     if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
         threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
@@ -72,10 +75,15 @@ async def serve(config: TargetServiceConfig) -> None:
         await dead.wait()
         server.request_stop()
 
+    metrics = start_metrics_server(build_registry(engine_loop, config.model, config.num_speculative_tokens,
+                                                  lambda: proposer is not None and proposer.is_connected),
+                                   config.address, config.metrics_port)
     watcher = asyncio.create_task(stop_when_dead())
     engine_loop.start()
 
     async def on_stop() -> None:
+        if metrics is not None:
+            metrics.stop()
         engine_loop.stop()
         if proposer is not None:
             proposer.close()

@@ -4,6 +4,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
 from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
@@ -18,6 +19,7 @@ MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the d
 class TargetServiceConfig:
     model: str = DEFAULT_MODEL  # checkpoint folder or known model name
     address: str = "127.0.0.1:50051"  # host:port to listen on
+    metrics_port: int = 0  # Prometheus /metrics over HTTP on this port, on the host of `address`; 0 = off
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
     dtype: str = "auto"  # bfloat16 where the device runs it natively, else float32 (ssd/dtypes.py)
     quantization: str = "none"  # the linear weights (EngineConfig.quantization)
@@ -50,6 +52,8 @@ class TargetServiceConfig:
     tls: TlsFiles = field(default_factory=TlsFiles)  # server certificate + client CA; the draft hop's client side
 
     def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise InvalidRequestError(f"metrics port must be in [0, 65535] (0 = off), got {self.metrics_port}")
         if self.max_waiting_seqs < 0 or self.max_queued_tokens < 1:
             raise InvalidRequestError("max waiting sequences must be >= 0 and max queued tokens >= 1")
         if not DEVICE_PATTERN.fullmatch(self.device):
@@ -86,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--model", default=env.get("SSD_TARGET_MODEL", DEFAULT_MODEL))
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
+    add_metrics_port_flag(p, env, "SSD_TARGET_METRICS_PORT")
     add_dtype_flag(p, default=env.get("SSD_TARGET_DTYPE", "auto"), whose="the target's")
     add_quantization_flag(p, default=env.get("SSD_TARGET_QUANTIZATION", "none"), whose="the model's")
     p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
@@ -131,7 +136,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     a = p.parse_args(argv)
     return TargetServiceConfig(
         max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
-        model=a.model, address=a.address, replica_id=a.replica_id, dtype=a.dtype, device=a.device,
+        model=a.model, address=a.address, metrics_port=a.metrics_port, replica_id=a.replica_id, dtype=a.dtype,
+        device=a.device,
         quantization=a.quantization,
         num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, **step_options_from_args(a),
         prefill_chunk_tokens=a.prefill_chunk_tokens,

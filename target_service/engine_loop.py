@@ -6,6 +6,7 @@ asyncio queues with one call_soon_threadsafe per step. Load is published as an i
 """
 
 import asyncio
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import structlog
 from ssd.engine.llm_engine import LLMEngine, StepOutput
 from ssd.errors import EngineDeadError
 from ssd.sampling.params import SamplingParams
+from ssd.speculation.metrics import SpecCounters
 from target_service.admission import AdmissionLimits, check_admission
 
 log = structlog.get_logger(__name__)
@@ -33,6 +35,10 @@ class LoadSnapshot:
     num_accepted_tokens: int = 0
     num_cache_hits: int = 0  # SSD speculations verified that came from the draft's cache
     num_cache_misses: int = 0  # SSD speculations verified that were backups
+    num_prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache at admission, ever
+    num_prefix_hit_tokens: int = 0  # of those, tokens whose KV the prefix cache served
+    num_preemptions: int = 0
+    spec: SpecCounters | None = None  # a copy of the engine-wide speculation counters (metrics read it)
 
 
 class EngineLoop:
@@ -142,7 +148,10 @@ class EngineLoop:
             num_outstanding_tokens=outstanding,
             num_drafts=c.num_drafts if c else 0, num_draft_tokens=c.num_draft_tokens if c else 0,
             num_accepted_tokens=c.num_accepted_tokens if c else 0,
-            num_cache_hits=c.num_cache_hits if c else 0, num_cache_misses=c.num_cache_misses if c else 0)
+            num_cache_hits=c.num_cache_hits if c else 0, num_cache_misses=c.num_cache_misses if c else 0,
+            num_prefix_queried_tokens=e.scheduler.num_prefix_queried_tokens,
+            num_prefix_hit_tokens=e.scheduler.num_prefix_hit_tokens, num_preemptions=e.scheduler.num_preemptions,
+            spec=dataclasses.replace(c, accepted_per_position=list(c.accepted_per_position)) if c else None)
 
 
 def _settle(future: asyncio.Future, value: object, error: Exception | None) -> None:

@@ -46,6 +46,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # prefix cache lookups at first admission, in tokens (vLLM's prefix_cache_queries / prefix_cache_hits)
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
         self._last_was_chunk = False  # the last step fed a prompt chunk while others were decoding
 
     def add(self, seq: Sequence) -> None:
@@ -92,6 +95,9 @@ class Scheduler:
             self.waiting.popleft()
             if first_admission:
                 seq.num_prefix_cached_tokens = seq.num_cached_tokens
+                if self.block_manager.enable_prefix_caching and not seq.needs_prompt_logprobs:
+                    self.num_prefix_queried_tokens += seq.num_tokens
+                    self.num_prefix_hit_tokens += seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seqs.append(seq)
