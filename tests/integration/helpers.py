@@ -43,3 +43,15 @@ def stream_chat(client: OpenAI, prompt: str, max_tokens: int, mode: str | None =
         if chunk.usage is not None:
             usage = chunk.usage.model_dump()
     return "".join(text), usage
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A /metrics page parsed with prometheus_client's parser: sample name -> value summed over its labels."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals

@@ -22,7 +22,7 @@ MAX_TOKENS = 2000
 
 def generated_tokens(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("ssd_generation_tokens_total"))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])

@@ -76,17 +76,21 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_metrics_move(stack):
-    before = httpx.get(stack.url + "/metrics").text
-    for name in ("ssd_time_to_first_token_seconds_count", "ssd_inter_token_latency_seconds_count",
-                 "ssd_e2e_request_latency_seconds_count", "ssd_prompt_tokens_total", "ssd_generation_tokens_total",
-                 "ssd_requests_running", "ssd_kv_cache_usage_ratio", "ssd_spec_decode_num_drafts_total",
-                 "ssd_spec_decode_num_draft_tokens_total", "ssd_spec_decode_num_accepted_tokens_total"):
+    """The request-level series are the gateway's, the engine-side ones the target's (vLLM's names)."""
+    target_url = stack.child("target-0").metrics_url
+    before, target_before = httpx.get(stack.url + "/metrics").text, httpx.get(target_url).text
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
         assert name in before, name
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:spec_decode_num_drafts_total",
+                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+        assert name in target_before, name
     stream_chat(openai_client(stack.url, API_KEY), "Say hello.", 8, "sd")
-    after = httpx.get(stack.url + "/metrics").text
-    for name in ("ssd_generation_tokens_total", "ssd_prompt_tokens_total", "ssd_e2e_request_latency_seconds_count",
-                 "ssd_spec_decode_num_draft_tokens_total"):
+    after, target_after = httpx.get(stack.url + "/metrics").text, httpx.get(target_url).text
+    for name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:e2e_request_latency_seconds_count"):
         assert _metric(after, name) > _metric(before, name), name
+    name = "vllm:spec_decode_num_draft_tokens_total"
+    assert _metric(target_after, name) > _metric(target_before, name), name
     assert target_load(stack.target_addresses[0]).num_draft_tokens > 0
     assert draft_load(stack.draft_address).num_draft_tokens > 0
 

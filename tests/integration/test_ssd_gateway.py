@@ -14,7 +14,7 @@ pytestmark = pytest.mark.model
 
 
 def _metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
 
 
 def test_openai_ssd_chat_equals_offline_greedy(stack, offline_greedy):
@@ -26,9 +26,9 @@ def test_openai_ssd_chat_equals_offline_greedy(stack, offline_greedy):
     spec = usage["speculation"]
     assert spec["num_drafts"] > 0 and spec["num_cache_misses"] >= 1  # the first round has no cache yet
     assert spec["num_cache_hits"] + spec["num_cache_misses"] == spec["num_drafts"]
-    metrics = httpx.get(stack.url + "/metrics").text
-    assert _metric(metrics, "ssd_spec_decode_cache_misses_total") >= spec["num_cache_misses"]
-    assert "ssd_spec_decode_cache_hits_total" in metrics
+    metrics = httpx.get(stack.child("target-0").metrics_url).text  # the speculation counters are the target's
+    assert _metric(metrics, "ssd:spec_decode_cache_misses_total") >= spec["num_cache_misses"]
+    assert "ssd:spec_decode_cache_hits_total" in metrics
 
 
 def test_grpc_generate_in_ssd_mode_carries_cache_stats(stack, offline_greedy):
