@@ -145,7 +145,7 @@ def test_services_and_network_policies_select_real_pods(overlay):
         protected = [t for t in pods.values() if matches(policy["spec"]["podSelector"]["matchLabels"], t["metadata"]["labels"])]
         assert len(protected) == 1, policy["metadata"]["name"]
         for rule in policy["spec"]["ingress"]:
-            for source in rule["from"]:
+            for source in rule.get("from", []):  # a rule without `from` (the metrics ports) admits any source
                 assert any(matches(source["podSelector"]["matchLabels"], t["metadata"]["labels"]) for t in pods.values())
 
 
@@ -169,3 +169,23 @@ def test_dockerfile_copies_what_the_package_needs():
     assert packages | {"drafts", "pyproject.toml"} <= set(copied)
     exposed = {int(p) for line in text.splitlines() if line.startswith("EXPOSE ") for p in line.split()[1:]}
     assert exposed == {8000, 50050, 50051, 50052}
+
+
+def test_every_metrics_port_is_declared_annotated_and_admitted(overlay, monkeypatch):
+    """A model service's --metrics-port is a declared container port; each pod's prometheus.io/port names one of
+    its metrics ports (the gateway's is its HTTP port); the network policies let Prometheus reach them."""
+    _, docs = overlay
+    admitted = {p["port"] for d in docs if d["kind"] == "NetworkPolicy" for rule in d["spec"]["ingress"]
+                if "from" not in rule for p in rule["ports"]}
+    for workload in workloads(docs):
+        pod = workload["spec"]["template"]
+        ports = set()
+        for c in pod["spec"]["containers"]:
+            config = parse(c, monkeypatch)
+            port = port_of(config.http_address) if service_of(c) == "gateway" else config.metrics_port
+            assert port in declared_ports(c).values(), (c["name"], port)
+            ports.add(port)
+            assert service_of(c) == "gateway" or port in admitted, (c["name"], port)
+        annotations = pod["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
+        assert int(annotations["prometheus.io/port"]) in ports, workload["metadata"]["name"]
