@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                    help="address the gateway listens on (0.0.0.0 inside a container); model services stay on localhost")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
+    s.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus /metrics of the model services: the draft on this port, target i on port + 1 + i "
+                        "(0 = free ports; the banner lists them; the gateway's is on --port)")
     s.add_argument("--k", type=int, default=4, help="lookahead K (a token tree's depth)")
     s.add_argument("--tree-budget", type=int, default=None,
                    help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains); "
@@ -69,7 +72,7 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
                        enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=api_key(args, os.environ), log_dir=args.log_dir,
-                       tls=_tls(args))
+                       tls=_tls(args), metrics_port=args.metrics_port)
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles:
@@ -119,7 +122,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except (PortInUseError, RuntimeError, TimeoutError) as e:  # one clear line, a non-zero exit
         sys.stderr.write(f"ssd serve: cannot start: {e}\n")
         return 1
-    sys.stdout.write(banner(stack.url, stack.grpc_address, args.model, config.api_key))
+    sys.stdout.write(banner(stack.url, stack.grpc_address, args.model, config.api_key,
+                            [c.metrics_url for c in stack.children if c.metrics_url]))
     sys.stdout.flush()
     try:
         Supervisor(stack).run(stop)
@@ -130,10 +134,11 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def banner(url: str, grpc_address: str, model: str, key: str | None) -> str:
-    """How to call the stack; the key masked (the caller has it)."""
+def banner(url: str, grpc_address: str, model: str, key: str | None, metrics_urls: Sequence[str] = ()) -> str:
+    """How to call the stack; the key masked (the caller has it); where Prometheus scrapes each service."""
     auth = f' -H "Authorization: Bearer {masked(key)}"' if key else ""
+    metrics = f"Prometheus /metrics: {'  '.join(metrics_urls)}\n" if metrics_urls else ""
     return (f"\nssd-serve is up: {url}  (gRPC ssd.v1.Generation on {grpc_address})\n\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
             f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}], "
-            f"\"max_tokens\": 32}}'\n\nA service that exits is restarted. Ctrl-C stops it.\n")
+            f"\"max_tokens\": 32}}'\n\n{metrics}A service that exits is restarted. Ctrl-C stops it.\n")

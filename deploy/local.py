@@ -64,6 +64,7 @@ class StackConfig:
     log_dir: Path | None = None  # service logs; None = inherit stderr
     draft_timeout_s: float = 5.0
     health_interval_s: float = 0.5  # gateway's target polling period
+    metrics_port: int = 0  # the model services' /metrics: the draft on this port, target i on it + 1 + i; 0 = free
     tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
 
 
@@ -139,7 +140,7 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
     """A checkpoint draft also gets the target model: an EAGLE-3 head needs its embedding and config."""
     c = stack.config
     stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
-    metrics_port = free_port()
+    metrics_port = _metrics_port(c, 0)
     args = ["draft_service", "--draft", c.draft, "--address", stack.draft_address, "--dtype", c.dtype,
             "--device", c.device, "--threads", "1", "--metrics-port", str(metrics_port), *c.tls.as_args()]
     if c.draft != "ngram":
@@ -150,10 +151,14 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Chil
     return child
 
 
+def _metrics_port(config: StackConfig, offset: int) -> int:
+    return config.metrics_port + offset if config.metrics_port else free_port()
+
+
 def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -> Child:
     """A target; with tensor parallelism its ranks pin themselves to one core each of the cores it gets."""
     c = stack.config
-    address, metrics_port = f"127.0.0.1:{free_port()}", free_port()
+    address, metrics_port = f"127.0.0.1:{free_port()}", _metrics_port(c, 1 + index)
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
             "--metrics-port", str(metrics_port),
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
