@@ -86,3 +86,22 @@ def test_the_vllm_series_move_under_load(stack) -> None:  # noqa: ANN001
 
     assert grew("draft", "vllm:generation_tokens_total") >= grew("target", "vllm:spec_decode_num_draft_tokens_total")
     assert grew("draft", "ssd:speculation_cache_misses_total") >= spec["num_cache_misses"]
+
+
+def test_grpc_usage_carries_the_cached_prompt_tokens(stack) -> None:  # noqa: ANN001
+    import grpc
+
+    from protos.ssd.v1 import gateway_pb2, gateway_pb2_grpc
+
+    req = gateway_pb2.GenerateRequest(
+        chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="user", content=PROMPT + " Again.")]),
+        max_tokens=4)
+    md = (("authorization", f"Bearer {API_KEY}"),)
+    with grpc.insecure_channel(stack.grpc_address) as ch:
+        stub = gateway_pb2_grpc.GenerationStub(ch)
+        first = stub.Generate(req, metadata=md, timeout=120).usage
+        second = stub.Generate(req, metadata=md, timeout=120).usage
+        streamed = list(stub.GenerateStream(req, metadata=md, timeout=120))[-1].usage
+    assert second.cached_prompt_tokens > 0 and second.cached_prompt_tokens >= first.cached_prompt_tokens
+    assert second.cached_prompt_tokens < second.prompt_tokens  # the last prompt token is always computed
+    assert streamed.cached_prompt_tokens == second.cached_prompt_tokens
