@@ -48,6 +48,9 @@ class _EngineCollector:
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
         usage = s.num_used_kv_blocks / s.num_kv_blocks if s.num_kv_blocks else 0.0
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+        yield self._gauge("vllm:gpu_cache_usage_perc",  # vLLM's older name, which older routers still read
+                          "KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc "
+                          "instead.", usage)
         yield self._counter("vllm:prefix_cache_queries",
                             "Prefix cache queries, in terms of number of queried tokens.", s.num_prefix_queried_tokens)
         yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",

@@ -14,7 +14,8 @@ from target_service.metrics import build_registry
 
 K = 3
 VLLM_TYPES = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-              "vllm:kv_cache_usage_perc": "gauge", "vllm:prefix_cache_queries": "counter",
+              "vllm:kv_cache_usage_perc": "gauge", "vllm:gpu_cache_usage_perc": "gauge",
+              "vllm:prefix_cache_queries": "counter",
               "vllm:prefix_cache_hits": "counter", "vllm:spec_decode_num_drafts": "counter",
               "vllm:spec_decode_num_draft_tokens": "counter", "vllm:spec_decode_num_accepted_tokens": "counter",
               "vllm:spec_decode_num_accepted_tokens_per_pos": "counter"}
