@@ -72,14 +72,18 @@ function main() {
     process.stdout.write(delta.text);
     last = delta;
   });
-  call.on("error", (err) => {
+  let failed = false;
+  call.on("error", (err) => {  // the call failed: grpc-js emits this before 'end'
+    failed = true;
     process.stderr.write(`${JSON.stringify({ error: grpc.status[err.code], details: err.details })}\n`);
     process.exitCode = 1;
     client.close();
   });
-  call.on("end", () => {
-    const summary = { num_deltas: numDeltas, finish_reason: last && last.finish_reason, usage: last && last.usage };
-    process.stderr.write(`${JSON.stringify(summary)}\n`);
+  call.on("end", () => {  // after the last 'data'
+    if (!failed) {
+      const summary = { num_deltas: numDeltas, finish_reason: last && last.finish_reason, usage: last && last.usage };
+      process.stderr.write(`${JSON.stringify(summary)}\n`);
+    }
     client.close();
   });
 }
