@@ -36,7 +36,8 @@ def proto_hash() -> str:
 
 
 def generated_files() -> list[Path]:
-    return sorted(p for pattern in ("*_pb2.py", "*_pb2.pyi", "*_pb2_grpc.py") for p in PROTO_DIR.glob(pattern))
+    patterns = ("*_pb2.py", "*_pb2.pyi", "*_pb2_grpc.py")
+    return sorted(path for pattern in patterns for path in PROTO_DIR.glob(pattern))
 
 
 def move_under_package(text: str) -> str:
@@ -49,8 +50,9 @@ def build() -> None:
     from grpc_tools import protoc  # build-time dependency only
 
     include = Path(grpc_tools.__file__).parent / "_proto"
-    args = ["grpc_tools.protoc", f"-I{PROTOS}", f"-I{include}", f"--python_out={PROTOS}", f"--pyi_out={PROTOS}",
-            f"--grpc_python_out={PROTOS}", *(str(p.relative_to(PROTOS)) for p in proto_files())]
+    sources = [str(p.relative_to(PROTOS)) for p in proto_files()]  # ssd/v1/*.proto, as the imports name them
+    args = ["grpc_tools.protoc", f"-I{PROTOS}", f"-I{include}", f"--python_out={PROTOS}",
+            f"--pyi_out={PROTOS}", f"--grpc_python_out={PROTOS}", *sources]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     for path in generated_files():

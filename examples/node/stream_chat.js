@@ -48,7 +48,9 @@ function request(opts) {
   const messages = [];
   if (opts.system) messages.push({ role: "system", content: opts.system });
   messages.push({ role: "user", content: opts.prompt });
-  const req = { chat: { messages }, max_tokens: Number(opts["max-tokens"]), temperature: Number(opts.temperature) };
+  const req = {
+    chat: { messages }, max_tokens: Number(opts["max-tokens"]), temperature: Number(opts.temperature),
+  };
   if (opts.mode) req.mode = `SPECULATION_MODE_${opts.mode.toUpperCase()}`;
   return req;
 }
@@ -81,7 +83,8 @@ function main() {
   });
   call.on("end", () => {  // after the last 'data'
     if (!failed) {
-      const summary = { num_deltas: numDeltas, finish_reason: last && last.finish_reason, usage: last && last.usage };
+      const summary = { num_deltas: numDeltas, finish_reason: last && last.finish_reason,
+        usage: last && last.usage };
       process.stderr.write(`${JSON.stringify(summary)}\n`);
     }
     client.close();

@@ -31,8 +31,8 @@ def request(args: argparse.Namespace) -> gateway_pb2.GenerateRequest:
     messages = [gateway_pb2.ChatMessage(role="system", content=args.system)] if args.system else []
     messages.append(gateway_pb2.ChatMessage(role="user", content=args.prompt))
     mode = common_pb2.SpeculationMode.Value(f"SPECULATION_MODE_{args.mode.upper()}") if args.mode else 0
-    return gateway_pb2.GenerateRequest(chat=gateway_pb2.ChatMessages(messages=messages), max_tokens=args.max_tokens,
-                                       temperature=args.temperature, mode=mode)
+    return gateway_pb2.GenerateRequest(chat=gateway_pb2.ChatMessages(messages=messages),
+                                       max_tokens=args.max_tokens, temperature=args.temperature, mode=mode)
 
 
 def main(argv: list[str]) -> int:
@@ -40,16 +40,19 @@ def main(argv: list[str]) -> int:
     metadata = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else ()
     num_deltas, last = 0, None
     with grpc.insecure_channel(args.address) as channel:
+        stub = gateway_pb2_grpc.GenerationStub(channel)
         try:
-            for delta in gateway_pb2_grpc.GenerationStub(channel).GenerateStream(request(args), metadata=metadata):
+            for delta in stub.GenerateStream(request(args), metadata=metadata):
                 num_deltas, last = num_deltas + 1, delta
                 sys.stdout.write(delta.text)
                 sys.stdout.flush()
         except grpc.RpcError as err:
             sys.stderr.write(json.dumps({"error": err.code().name, "details": err.details()}) + "\n")
             return 1
-    summary = {"num_deltas": num_deltas, "finish_reason": common_pb2.FinishReason.Name(last.finish_reason) if last
-               else None, "usage": MessageToDict(last.usage, preserving_proto_field_name=True) if last else None}
+    summary = {"num_deltas": num_deltas, "finish_reason": None, "usage": None}
+    if last is not None:
+        summary["finish_reason"] = common_pb2.FinishReason.Name(last.finish_reason)
+        summary["usage"] = MessageToDict(last.usage, preserving_proto_field_name=True)
     sys.stderr.write(json.dumps(summary) + "\n")
     return 0
 

@@ -28,7 +28,7 @@ PACKAGE_FILES = ("package.json", "package-lock.json")
 
 
 def _npm_ci(folder: Path, npm: str) -> None:
-    """Install the locked packages into folder/node_modules, skipping the test when the registry is unreachable."""
+    """Install the locked packages into folder/node_modules; skip when the npm registry is unreachable."""
     ping = subprocess.run([npm, "ping"], capture_output=True, text=True, timeout=60)
     if ping.returncode != 0:
         pytest.skip(f"the npm registry is unreachable (npm ping: {ping.stderr.strip().splitlines()[-1:]})")
@@ -50,8 +50,8 @@ def node_modules() -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip("node and npm are not installed: the Node.js client cannot run here")
-    key = hashlib.sha256(b"".join((NODE_EXAMPLE / name).read_bytes() for name in PACKAGE_FILES)).hexdigest()[:16]
-    folder = cache_root() / "node" / key
+    locked = b"".join((NODE_EXAMPLE / name).read_bytes() for name in PACKAGE_FILES)
+    folder = cache_root() / "node" / hashlib.sha256(locked).hexdigest()[:16]
     if not (folder / "node_modules").is_dir():
         _npm_ci(folder, npm)
     return folder / "node_modules"
@@ -76,7 +76,8 @@ def test_proto_loader_loads_every_proto_from_the_one_proto_root(node_modules):
               "const files = process.argv.slice(1);"
               "const ssd = grpc.loadPackageDefinition(pl.loadSync(files, {includeDirs: ['protos']})).ssd.v1;"
               "console.log(JSON.stringify(Object.keys(ssd).filter((k) => ssd[k].service).sort()));")
-    files = [str(p.relative_to(ROOT / "protos")) for p in sorted((ROOT / "protos" / "ssd" / "v1").glob("*.proto"))]
+    proto_root = ROOT / "protos"
+    files = [str(p.relative_to(proto_root)) for p in sorted((proto_root / "ssd" / "v1").glob("*.proto"))]
     code, out, err = run_client(["node", "-e", script, *files], {"NODE_PATH": str(node_modules)})
     assert code == 0, err
     assert json.loads(out) == ["Generation", "Speculator", "Verifier"]
