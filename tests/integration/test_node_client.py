@@ -29,9 +29,14 @@ PACKAGE_FILES = ("package.json", "package-lock.json")
 
 def _npm_ci(folder: Path, npm: str) -> None:
     """Install the locked packages into folder/node_modules; skip when the npm registry is unreachable."""
-    ping = subprocess.run([npm, "ping"], capture_output=True, text=True, timeout=60)
+    try:
+        ping = subprocess.run([npm, "ping", "--fetch-retries=0", "--fetch-timeout=15000"], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.skip("the npm registry is unreachable (npm ping timed out)")
     if ping.returncode != 0:
-        pytest.skip(f"the npm registry is unreachable (npm ping: {ping.stderr.strip().splitlines()[-1:]})")
+        reason = next((line for line in ping.stderr.splitlines() if "FetchError" in line), ping.stderr.strip())
+        pytest.skip(f"the npm registry is unreachable: {reason}")
     staging = folder.with_name(folder.name + f".{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -45,7 +50,7 @@ def _npm_ci(folder: Path, npm: str) -> None:
         shutil.rmtree(staging)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: it skips before the stack fixture starts processes
 def node_modules() -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
@@ -83,7 +88,7 @@ def test_proto_loader_loads_every_proto_from_the_one_proto_root(node_modules):
     assert json.loads(out) == ["Generation", "Speculator", "Verifier"]
 
 
-def test_node_client_streams_the_python_clients_greedy_text(stack, node_modules, offline_greedy):
+def test_node_client_streams_the_python_clients_greedy_text(node_modules, stack, offline_greedy):
     prompt = PROMPTS[0]
     args = ["--address", stack.grpc_address, "--api-key", API_KEY, "--max-tokens", str(MAX_TOKENS),
             "--temperature", "0", prompt]
@@ -98,7 +103,7 @@ def test_node_client_streams_the_python_clients_greedy_text(stack, node_modules,
     assert summary["usage"]["completion_tokens"] > 0
 
 
-def test_node_client_without_the_api_key_is_refused(stack, node_modules):
+def test_node_client_without_the_api_key_is_refused(node_modules, stack):
     code, out, err = node_client(node_modules, "--address", stack.grpc_address, "--api-key", "wrong", "Hi")
     assert code == 1 and out == ""
     assert json.loads(err.strip().splitlines()[-1])["error"] == "UNAUTHENTICATED"
