@@ -30,12 +30,13 @@ PACKAGE_FILES = ("package.json", "package-lock.json")
 def _npm_ci(folder: Path, npm: str) -> None:
     """Install the locked packages into folder/node_modules; skip when the npm registry is unreachable."""
     try:
-        ping = subprocess.run([npm, "ping", "--fetch-retries=0", "--fetch-timeout=15000"], capture_output=True,
-                              text=True, timeout=60)
+        ping = subprocess.run([npm, "ping", "--fetch-retries=0", "--fetch-timeout=15000"],
+                              capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.skip("the npm registry is unreachable (npm ping timed out)")
     if ping.returncode != 0:
-        reason = next((line for line in ping.stderr.splitlines() if "FetchError" in line), ping.stderr.strip())
+        lines = ping.stderr.splitlines()
+        reason = next((line for line in lines if "FetchError" in line), ping.stderr.strip())
         pytest.skip(f"the npm registry is unreachable: {reason}")
     staging = folder.with_name(folder.name + f".{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
