@@ -32,6 +32,10 @@ function options() {
     },
   });
   if (positionals.length !== 1) throw new Error(USAGE);
+  if (values.mode !== undefined && !["ar", "sd", "ssd"].includes(values.mode)) throw new Error(USAGE);
+  for (const name of ["max-tokens", "temperature"]) {
+    if (!Number.isFinite(Number(values[name]))) throw new Error(`--${name} must be a number\n${USAGE}`);
+  }
   return { ...values, prompt: positionals[0] };
 }
 
