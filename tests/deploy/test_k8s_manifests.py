@@ -4,14 +4,18 @@ Each overlay is rendered with `kubectl kustomize` (kubectl ships Kustomize), the
 arguments are parsed by the service's own flag parser, and the wiring is followed end to end: gateway ->
 target replicas (StatefulSet DNS names on the headless Service), target -> draft (a Service, or a
 container in the same pod), probes and Services -> declared container ports, NetworkPolicies -> pods.
+Every rendered object is also validated, offline and strictly (unknown fields are errors), against the
+OpenAPI schemas of the Kubernetes versions the manifests target (kubernetes-validate bundles them).
 No cluster is needed; no image is built (that needs a Docker daemon).
 """
 
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -22,6 +26,10 @@ from target_service.config import parse_args as parse_target_args
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ["cpu", "gpu"]
+# The oldest Kubernetes the manifests support (docs/deploy.md) and the newest whose schemas the package bundles.
+KUBERNETES_VERSIONS = ["1.32", "1.37"]
+# API groups that ship with Kubernetes; anything else is a custom resource with no bundled schema.
+BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "autoscaling"}
 PARSERS = {"target_service": parse_target_args, "draft_service": parse_draft_args, "gateway": parse_gateway_args}
 
 
@@ -162,11 +170,13 @@ def test_images_and_gpu_requests(overlay):
 
 def test_dockerfile_copies_what_the_package_needs():
     text = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
-    copied = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ")]
+    copied = [s for line in text.splitlines() if line.startswith("COPY ") for s in line.split()[1:-1]]
     for source in copied:
         assert (ROOT / source).exists(), source
-    packages = {"ssd", "protos", "rpc", "target_service", "draft_service", "gateway", "deploy", "bench", "loadtest"}
-    assert packages | {"drafts", "pyproject.toml"} <= set(copied)
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {pattern.removesuffix("*") for pattern in setuptools["packages"]["find"]["include"]}
+    needed = packages | {"drafts", "pyproject.toml", "README.md", "LICENSE"}  # every package it installs
+    assert needed <= set(copied), needed - set(copied)
     exposed = {int(p) for line in text.splitlines() if line.startswith("EXPOSE ") for p in line.split()[1:]}
     assert exposed == {8000, 50050, 50051, 50052}
 
@@ -189,3 +199,36 @@ def test_every_metrics_port_is_declared_annotated_and_admitted(overlay, monkeypa
         annotations = pod["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
         assert int(annotations["prometheus.io/port"]) in ports, workload["metadata"]["name"]
+
+
+def is_built_in(doc: dict) -> bool:
+    group = doc["apiVersion"].rpartition("/")[0]
+    return group in BUILT_IN_GROUPS or group.endswith(".k8s.io")
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_api_schema(overlay, version):
+    _, docs = overlay
+    for doc in docs:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if not is_built_in(doc):  # a custom resource (e.g. a ServiceMonitor): its CRD's schema is not bundled
+            assert doc["apiVersion"].count("/") == 1 and doc["metadata"]["name"], name
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            where = list(e.absolute_path)
+            pytest.fail(f"{name} is not a valid Kubernetes {version} object: {e.message} at {where}")
+
+
+def test_the_schema_check_catches_a_misspelt_field_and_a_wrong_type(overlay):
+    _, docs = overlay
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    misspelt = {**container, "readinesProbe": container["readinessProbe"]}
+    del misspelt["readinessProbe"]
+    for planted in ({**sts, "spec": {**sts["spec"], "replicas": "two"}},
+                    {**sts, "spec": {**sts["spec"], "template": {**sts["spec"]["template"], "spec": {
+                        **sts["spec"]["template"]["spec"], "containers": [misspelt]}}}}):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(planted, KUBERNETES_VERSIONS[0], strict=True)
