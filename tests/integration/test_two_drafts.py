@@ -1,0 +1,195 @@
+"""Two drafts behind one target: sequences spread over both, and a dead draft's sequences move to the other.
+
+First the target's side alone: a RemoteProposer over two in-process n-gram draft servers (real gRPC, real
+SpeculatorServicer), driven by hand. Then real processes (`ssd serve --drafts 2` with the default model and
+the shipped EAGLE-3 head): `kill -9` of one draft mid-stream leaves every request completing with the same
+greedy text.
+"""
+
+import asyncio
+import signal
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+from deploy.local import free_port, stop_stack
+from draft_service.config import DraftServiceConfig
+from draft_service.proposers import build_service_proposer
+from draft_service.servicer import SpeculatorServicer
+from draft_service.session import Session
+from protos.ssd.v1 import draft_pb2_grpc
+from rpc.engine_errors import ENGINE_STATUS
+from rpc.server import GrpcServer, ServiceSpec
+from ssd.model_store import DEFAULT_DRAFT
+from ssd.speculation.proposer import ProposeRequest
+from target_service.remote_proposer import RemoteProposer
+from tests.integration.conftest import API_KEY, launch
+from tests.integration.helpers import draft_load, openai_client, stream_chat, target_load, wait_for
+
+K = 3
+
+
+class DraftServer:
+    """An n-gram draft service on the test's event loop thread; `stop` ends it as a dying draft would."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        self.servicer = SpeculatorServicer(build_service_proposer(DraftServiceConfig(draft="ngram")), "ngram")
+        self.loop = loop
+        self.server = self._run(self._start())
+        self.is_stopped = False
+
+    async def _start(self) -> GrpcServer:  # on the loop: a grpc.aio server belongs to the loop it is made on
+        spec = ServiceSpec("ssd.v1.Speculator", self.servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
+        server = GrpcServer([spec], self.address, ENGINE_STATUS, grace_s=0.1)
+        await server.start()
+        return server
+
+    def _run(self, coro):  # noqa: ANN001, ANN202
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def seq_ids(self) -> set[int]:
+        """The sequences this draft holds, over all its sessions."""
+        return {seq_id for s in list(self.servicer.sessions.values()) for seq_id in s.seqs}
+
+    def stop(self) -> None:
+        if not self.is_stopped:
+            self.is_stopped = True
+            self._run(self.server.server.stop(0))
+            self._run(self.servicer.close())
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop thread for every in-process server (grpc.aio servers of one process share a loop)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.fixture
+def two_drafts(loop):
+    servers = [DraftServer(loop), DraftServer(loop)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def rounds(monkeypatch) -> Counter:
+    """Rounds each draft-side Session answered."""
+    counts: Counter = Counter()
+    answer = Session.answer
+
+    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        counts[id(self)] += 1
+        return answer(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "answer", counting)
+    return counts
+
+
+def request(seq_id: int, tokens: list[int]) -> ProposeRequest:
+    return ProposeRequest(seq_id, tokens, K, 0.0, torch.Generator())
+
+
+def repeating(seq_id: int, length: int) -> list[int]:
+    """A sequence whose tail repeats: n-gram lookup proposes K tokens for it."""
+    period = [10 * seq_id + i for i in range(1, 5)]
+    return (period * length)[:length]
+
+
+def test_sequences_spread_over_both_drafts_and_move_off_a_dead_one(two_drafts, rounds):
+    a, b = two_drafts
+    proposer = RemoteProposer([a.address, b.address], "test", 1000, timeout_s=10, reconnect_interval_s=0.05)
+    try:
+        assert wait_for(lambda: proposer.pool.num_healthy == 2)
+        seqs = {seq_id: repeating(seq_id, 9) for seq_id in range(1, 5)}
+        specs = proposer.propose([request(i, t) for i, t in seqs.items()])
+        assert all(len(s.tokens) == K for s in specs)
+        assert a.seq_ids() == {1, 3} and b.seq_ids() == {2, 4}  # least loaded first: they alternate
+        assert sorted(rounds.values()) == [1, 1]  # one Round per draft for the engine's round
+        a.stop()  # the draft dies: its stream breaks
+        assert wait_for(lambda: proposer.pool.num_healthy == 1)
+        seqs = {seq_id: repeating(seq_id, 10) for seq_id in seqs}  # one more token each
+        specs = proposer.propose([request(i, t) for i, t in seqs.items()])
+        assert b.seq_ids() == {1, 2, 3, 4}  # 1 and 3 were re-sent to b as Prefills
+        assert all(len(s.tokens) == K for s in specs)  # and keep speculating there
+        assert proposer.pool.num_sequences(b.address) == 4
+        for seq_id in seqs:
+            proposer.release(seq_id)
+        assert wait_for(lambda: not b.seq_ids())  # b was told to free them
+    finally:
+        proposer.close()
+
+
+def test_without_any_draft_rounds_get_no_speculation(two_drafts):
+    a, b = two_drafts
+    proposer = RemoteProposer([a.address, b.address], "test", 1000, timeout_s=10, reconnect_interval_s=0.05)
+    try:
+        assert wait_for(lambda: proposer.pool.num_healthy == 2)
+        a.stop()
+        b.stop()
+        assert wait_for(lambda: not proposer.is_connected)
+        assert proposer.propose([request(1, repeating(1, 9))])[0].tokens == []
+    finally:
+        proposer.close()
+
+
+# -- real processes: the default model, the shipped EAGLE-3 head -------------------------------------------
+
+PROMPTS = ["Count from one to thirty in words, separated by commas.", "List the days of the week, one per line.",
+           "Name ten animals, separated by commas.", "Write the alphabet in capital letters, separated by spaces."]
+MAX_TOKENS = 64
+
+
+@pytest.mark.model
+def test_kill_9_of_one_draft_mid_stream_leaves_every_request_with_the_same_greedy_text(
+        tmp_path_factory, default_model_path, offline_greedy):
+    stack = launch(tmp_path_factory, "two-drafts", draft=DEFAULT_DRAFT, num_drafts=2, k=4)
+    try:
+        expected = [offline_greedy(p, MAX_TOKENS) for p in PROMPTS]
+        target, drafts = stack.target_addresses[0], [stack.child("draft"), stack.child("draft-1")]
+        assert wait_for(lambda: target_load(target).is_draft_connected, timeout_s=60)
+        client = openai_client(stack.url, API_KEY)
+        # before any kill: the same text, and both drafts drafted
+        results = _concurrently(lambda p: stream_chat(client, p, MAX_TOKENS, "sd"), PROMPTS)
+        assert [text for text, _ in results] == expected
+        assert all(draft_load(d.address).num_draft_tokens > 0 for d in drafts)  # sequences spread over both
+
+        texts: dict[int, str] = {}
+        threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, stream_chat(client, PROMPTS[i],
+                                                                                         MAX_TOKENS, "sd")[0]))
+                   for i in range(len(PROMPTS))]
+        for thread in threads:
+            thread.start()
+        # mid-stream: both drafts hold sequences of these requests and none has finished
+        assert wait_for(lambda: all(draft_load(d.address).num_sequences > 0 for d in drafts), timeout_s=60)
+        assert not texts and all(thread.is_alive() for thread in threads)
+        victim = drafts[1]
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        for thread in threads:
+            thread.join(300)
+        assert [texts.get(i) for i in range(len(PROMPTS))] == expected  # every request completed, same text
+        assert target_load(target).is_draft_connected  # the survivor serves the target
+        # later requests go to the survivor and speculate there
+        text, usage = stream_chat(client, PROMPTS[0], MAX_TOKENS, "sd")
+        assert text == expected[0] and usage["speculation"]["num_draft_tokens"] > 0
+    finally:
+        stop_stack(stack)
+
+
+def _concurrently(fn, items: list) -> list:  # noqa: ANN001
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(items[i]))) for i in range(len(items))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    return [out.get(i) for i in range(len(items))]
