@@ -9,8 +9,9 @@ draft (re-sent there as Prefills), and a background thread reopens its session.
 
 A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the
 engine computes them (known before it is built: `fetch_feature_layers`) and each Prefill / Outcome
-carries the features of its new positions. Features are not kept here: a sequence re-sent after a
-reconnect or a move lacks its old ones, and the draft gives it empty speculations.
+carries the features of its new positions. With one draft, features are not kept here: a sequence re-sent
+after a reconnect lacks its old ones, and the draft gives it empty speculations. With several, the
+FeatureLog keeps them and a sequence's Prefill on another draft (or on a reopened session) carries them all.
 
 SSD: a sequence whose request asks for ssd goes to the draft with Prefill.ssd; rounds carry the
 optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
@@ -33,6 +34,7 @@ from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation
 from target_service.draft_pool import DraftPool
 from target_service.draft_session import DraftSession, SentSequence
+from target_service.feature_log import FeatureLog
 from target_service.ssd_wire import DraftTimings, ssd_options
 from tensor_transport import torch_tensors
 
@@ -89,6 +91,8 @@ class RemoteProposer:
         self.timeout_s = timeout_s
         self._round_ids = itertools.count(1)
         self._refused_for_features = False
+        # with several drafts a sequence may move: its features so far go with its Prefill on the new draft
+        self.feature_log = FeatureLog() if len(self.addresses) > 1 and self.feature_layers else None
         self.pool = DraftPool(self.addresses, self._open, reconnect_interval_s)  # opens the sessions in background
 
     @property
@@ -169,6 +173,14 @@ class RemoteProposer:
         return round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent, new_token_ids=new,
                                    num_accepted=k if state.last_tokens else -1, bonus_token=new[-1] if new else 0)
 
+    def _replayed(self, r: ProposeRequest, msg: FeatureCarrier) -> ProposeRequest:
+        """A Prefill of a sequence whose features the log holds carries them all (it may be new to this draft
+        only because it moved here); anything else carries the request's new features."""
+        rows = self.feature_log.replay(r.seq_id) if self.feature_log is not None else None
+        if rows is None or not isinstance(msg, draft_pb2.Prefill):
+            return r
+        return dataclasses.replace(r, features=rows, features_start=0)  # rows: [n, F], positions 0..n-1
+
     def _attach_features(self, session: DraftSession, entries: list[tuple[ProposeRequest, FeatureCarrier]]) -> None:
         """Each message gets its sequence's new target features: by the session's transport, inline within a
         byte budget (a sequence left out sees a gap on the draft and goes without speculation)."""
@@ -191,6 +203,10 @@ class RemoteProposer:
         drafts work in parallel); a session that does not answer in time is closed and its sequences get empty
         speculations (they move to another draft on their next round)."""
         out = [Speculation([]) for _ in requests]
+        if self.feature_log is not None:
+            for r in requests:
+                if r.features is not None:
+                    self.feature_log.add(r.seq_id, r.features_start, r.features)
         batches: dict[DraftSession, list[int]] = {}  # session -> indices into requests
         for i, r in enumerate(requests):
             session = self.pool.session_for(r.seq_id)
@@ -220,7 +236,7 @@ class RemoteProposer:
             round_.ssd.CopyFrom(ssd_options(self.ssd_options))
         entries = [(r, self._entry(session, r, round_)) for r in requests]
         if session.sends_features:
-            self._attach_features(session, entries)
+            self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
         round_id = next(self._round_ids)
         session.send(draft_pb2.SessionRequest(round_id=round_id, round=round_))
         return round_id
@@ -269,6 +285,8 @@ class RemoteProposer:
         pass  # the next Outcome carries the delta
 
     def release(self, seq_id: int) -> None:
+        if self.feature_log is not None:
+            self.feature_log.release(seq_id)
         session = self.pool.release(seq_id)
         if session is not None and session.known.pop(seq_id, None) is not None:
             session.send(draft_pb2.SessionRequest(release=draft_pb2.Release(seq_ids=[seq_id])))

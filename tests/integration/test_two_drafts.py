@@ -24,19 +24,22 @@ from rpc.engine_errors import ENGINE_STATUS
 from rpc.server import GrpcServer, ServiceSpec
 from ssd.model_store import DEFAULT_DRAFT
 from ssd.speculation.proposer import ProposeRequest
-from target_service.remote_proposer import RemoteProposer
+from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from tests.integration.conftest import API_KEY, launch
 from tests.integration.helpers import draft_load, openai_client, stream_chat, target_load, wait_for
+from tests.speculation.test_eagle3_sd import write_tiny_head
+from tests.tiny_models import write_tiny_checkpoint
 
 K = 3
 
 
 class DraftServer:
-    """An n-gram draft service on the test's event loop thread; `stop` ends it as a dying draft would."""
+    """A draft service (n-gram unless told) on the test's event loop thread; `stop` ends it as a dying draft would."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, config: DraftServiceConfig | None = None) -> None:
+        config = config or DraftServiceConfig(draft="ngram")
         self.address = f"127.0.0.1:{free_port()}"
-        self.servicer = SpeculatorServicer(build_service_proposer(DraftServiceConfig(draft="ngram")), "ngram")
+        self.servicer = SpeculatorServicer(build_service_proposer(config), config.draft)
         self.loop = loop
         self.server = self._run(self._start())
         self.is_stopped = False
@@ -94,8 +97,8 @@ def rounds(monkeypatch) -> Counter:
     return counts
 
 
-def request(seq_id: int, tokens: list[int]) -> ProposeRequest:
-    return ProposeRequest(seq_id, tokens, K, 0.0, torch.Generator())
+def request(seq_id: int, tokens: list[int], start: int = 0, features: torch.Tensor | None = None) -> ProposeRequest:
+    return ProposeRequest(seq_id, tokens, K, 0.0, torch.Generator(), None, features, start)
 
 
 def repeating(seq_id: int, length: int) -> list[int]:
@@ -137,6 +140,48 @@ def test_without_any_draft_rounds_get_no_speculation(two_drafts):
         b.stop()
         assert wait_for(lambda: not proposer.is_connected)
         assert proposer.propose([request(1, repeating(1, 9))])[0].tokens == []
+    finally:
+        proposer.close()
+
+
+@pytest.fixture
+def two_eagle_drafts(loop, tmp_path_factory):
+    """Two draft services, each with the same tiny EAGLE-3 head (it drafts from target features)."""
+    target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
+    write_tiny_checkpoint(target, "llama", seed=0)
+    write_tiny_head(head, target)
+    config = DraftServiceConfig(draft=str(head), target_model=str(target))
+    servers = [DraftServer(loop, config), DraftServer(loop, config)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_a_moved_sequence_takes_its_target_features_to_the_other_eagle3_draft(two_eagle_drafts):
+    """Without its old features the other draft could not draft it (test_eagle_reconnect: a reconnect to a
+    single draft drops them); with several drafts the target replays them in the Prefill."""
+    a, b = two_eagle_drafts
+    layers = fetch_feature_layers([a.address, b.address], timeout_s=10)
+    assert layers == (0, 1, 2)
+    width = 3 * 64
+    proposer = RemoteProposer([a.address, b.address], "test", 96, timeout_s=10, reconnect_interval_s=0.05,
+                              feature_layers=layers)
+    try:
+        assert wait_for(lambda: proposer.pool.num_healthy == 2)
+        seqs = {seq_id: [5, 6, 7, 8, 40 + seq_id] for seq_id in range(1, 5)}
+        first = proposer.propose([request(i, t, 0, torch.randn(4, width, dtype=torch.bfloat16))
+                                  for i, t in seqs.items()])
+        assert all(len(s.tokens) == K for s in first) and a.seq_ids() == {1, 3}
+        a.stop()
+        assert wait_for(lambda: proposer.pool.num_healthy == 1)
+        seqs = {i: [*t, 50] for i, t in seqs.items()}
+        moved = proposer.propose([request(i, t, 4, torch.randn(2, width, dtype=torch.bfloat16))
+                                  for i, t in seqs.items()])
+        assert b.seq_ids() == {1, 2, 3, 4}
+        assert all(len(s.tokens) == K for s in moved)  # 1 and 3 too: their features 0..5 came with the Prefill
+        for seq_id in seqs:
+            proposer.release(seq_id)
+        assert len(proposer.feature_log) == 0
     finally:
         proposer.close()
 
