@@ -202,39 +202,30 @@ def test_kill_9_of_one_draft_mid_stream_leaves_every_request_with_the_same_greed
         target, drafts = stack.target_addresses[0], [stack.child("draft"), stack.child("draft-1")]
         assert wait_for(lambda: target_load(target).is_draft_connected, timeout_s=60)
         client = openai_client(stack.url, API_KEY)
-        # before any kill: the same text, and both drafts drafted
-        results = _concurrently(lambda p: stream_chat(client, p, MAX_TOKENS, "sd"), PROMPTS)
-        assert [text for text, _ in results] == expected
-        assert all(draft_load(d.address).num_draft_tokens > 0 for d in drafts)  # sequences spread over both
-
         texts: dict[int, str] = {}
         threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, stream_chat(client, PROMPTS[i],
                                                                                          MAX_TOKENS, "sd")[0]))
                    for i in range(len(PROMPTS))]
         for thread in threads:
             thread.start()
-        # mid-stream: both drafts hold sequences of these requests and none has finished
-        assert wait_for(lambda: all(draft_load(d.address).num_sequences > 0 for d in drafts), timeout_s=60)
-        assert not texts and all(thread.is_alive() for thread in threads)
-        victim = drafts[1]
+
+        def both_draft() -> bool:  # sequences spread over both drafts, and both drafted for them
+            loads = [draft_load(d.address) for d in drafts]
+            return all(load.num_sequences > 0 and load.num_draft_tokens > 0 for load in loads)
+
+        assert wait_for(both_draft, timeout_s=120)
+        assert not texts and all(thread.is_alive() for thread in threads)  # mid-stream: none has finished
+        survivor, victim = drafts
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
         for thread in threads:
             thread.join(300)
         assert [texts.get(i) for i in range(len(PROMPTS))] == expected  # every request completed, same text
         assert target_load(target).is_draft_connected  # the survivor serves the target
-        # later requests go to the survivor and speculate there
-        text, usage = stream_chat(client, PROMPTS[0], MAX_TOKENS, "sd")
+        # the victim's sequences moved to the survivor, with their target features (so it could draft them)
+        assert "sequence moved to another draft" in (stack.config.log_dir / "target-0.log").read_text()
+        assert "no target features" not in (stack.config.log_dir / f"{survivor.name}.log").read_text()
+        text, usage = stream_chat(client, PROMPTS[0], MAX_TOKENS, "sd")  # later requests speculate there
         assert text == expected[0] and usage["speculation"]["num_draft_tokens"] > 0
     finally:
         stop_stack(stack)
-
-
-def _concurrently(fn, items: list) -> list:  # noqa: ANN001
-    out: dict[int, object] = {}
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(items[i]))) for i in range(len(items))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    return [out.get(i) for i in range(len(items))]
