@@ -87,6 +87,11 @@ class DraftPool:
         self._home[seq_id] = new
         return new.session
 
+    def session_of(self, seq_id: int) -> DraftSession | None:
+        """The session of the sequence's home if that is up, else None (it does not move the sequence)."""
+        slot = self._home.get(seq_id)
+        return slot.session if slot is not None and slot.is_healthy else None
+
     def release(self, seq_id: int) -> DraftSession | None:
         """Forget the sequence; returns the session of its home if that is up (to tell the draft), else None."""
         slot = self._home.pop(seq_id, None)

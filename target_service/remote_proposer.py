@@ -10,8 +10,8 @@ draft (re-sent there as Prefills), and a background thread reopens its session.
 A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the
 engine computes them (known before it is built: `fetch_feature_layers`) and each Prefill / Outcome
 carries the features of its new positions. With one draft, features are not kept here: a sequence re-sent
-after a reconnect lacks its old ones, and the draft gives it empty speculations. With several, the
-FeatureLog keeps them and a sequence's Prefill on another draft (or on a reopened session) carries them all.
+after a reconnect lacks its old ones, and the draft gives it empty speculations. With several, they are
+kept (sent_features.py) and a sequence's Prefill on another draft (or a reopened session) carries them all.
 
 SSD: a sequence whose request asks for ssd goes to the draft with Prefill.ssd; rounds carry the
 optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
@@ -34,7 +34,7 @@ from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation
 from target_service.draft_pool import DraftPool
 from target_service.draft_session import DraftSession, SentSequence
-from target_service.feature_log import FeatureLog
+from target_service.sent_features import SentFeatures
 from target_service.ssd_wire import DraftTimings, ssd_options
 from tensor_transport import torch_tensors
 
@@ -92,7 +92,7 @@ class RemoteProposer:
         self._round_ids = itertools.count(1)
         self._refused_for_features = False
         # with several drafts a sequence may move: its features so far go with its Prefill on the new draft
-        self.feature_log = FeatureLog() if len(self.addresses) > 1 and self.feature_layers else None
+        self.sent_features = SentFeatures() if len(self.addresses) > 1 and self.feature_layers else None
         self.pool = DraftPool(self.addresses, self._open, reconnect_interval_s)  # opens the sessions in background
 
     @property
@@ -176,7 +176,7 @@ class RemoteProposer:
     def _replayed(self, r: ProposeRequest, msg: FeatureCarrier) -> ProposeRequest:
         """A Prefill of a sequence whose features the log holds carries them all (it may be new to this draft
         only because it moved here); anything else carries the request's new features."""
-        rows = self.feature_log.replay(r.seq_id) if self.feature_log is not None else None
+        rows = self.sent_features.replay(r.seq_id) if self.sent_features is not None else None
         if rows is None or not isinstance(msg, draft_pb2.Prefill):
             return r
         return dataclasses.replace(r, features=rows, features_start=0)  # rows: [n, F], positions 0..n-1
@@ -203,10 +203,10 @@ class RemoteProposer:
         drafts work in parallel); a session that does not answer in time is closed and its sequences get empty
         speculations (they move to another draft on their next round)."""
         out = [Speculation([]) for _ in requests]
-        if self.feature_log is not None:
+        if self.sent_features is not None:
             for r in requests:
                 if r.features is not None:
-                    self.feature_log.add(r.seq_id, r.features_start, r.features)
+                    self.sent_features.add(r.seq_id, r.features_start, r.features)
         batches: dict[DraftSession, list[int]] = {}  # session -> indices into requests
         for i, r in enumerate(requests):
             session = self.pool.session_for(r.seq_id)
@@ -285,8 +285,8 @@ class RemoteProposer:
         pass  # the next Outcome carries the delta
 
     def release(self, seq_id: int) -> None:
-        if self.feature_log is not None:
-            self.feature_log.release(seq_id)
+        if self.sent_features is not None:
+            self.sent_features.release(seq_id)
         session = self.pool.release(seq_id)
         if session is not None and session.known.pop(seq_id, None) is not None:
             session.send(draft_pb2.SessionRequest(release=draft_pb2.Release(seq_ids=[seq_id])))

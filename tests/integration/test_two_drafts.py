@@ -36,10 +36,10 @@ K = 3
 class DraftServer:
     """A draft service (n-gram unless told) on the test's event loop thread; `stop` ends it as a dying draft would."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, config: DraftServiceConfig | None = None) -> None:
-        config = config or DraftServiceConfig(draft="ngram")
+    def __init__(self, loop: asyncio.AbstractEventLoop, draft: str = "ngram", target_model: str | None = None) -> None:
         self.address = f"127.0.0.1:{free_port()}"
-        self.servicer = SpeculatorServicer(build_service_proposer(config), config.draft)
+        config = DraftServiceConfig(draft=draft, target_model=target_model)
+        self.servicer = SpeculatorServicer(build_service_proposer(config), draft)
         self.loop = loop
         self.server = self._run(self._start())
         self.is_stopped = False
@@ -150,8 +150,7 @@ def two_eagle_drafts(loop, tmp_path_factory):
     target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
     write_tiny_checkpoint(target, "llama", seed=0)
     write_tiny_head(head, target)
-    config = DraftServiceConfig(draft=str(head), target_model=str(target))
-    servers = [DraftServer(loop, config), DraftServer(loop, config)]
+    servers = [DraftServer(loop, str(head), str(target)), DraftServer(loop, str(head), str(target))]
     yield servers
     for server in servers:
         server.stop()
@@ -181,7 +180,7 @@ def test_a_moved_sequence_takes_its_target_features_to_the_other_eagle3_draft(tw
         assert all(len(s.tokens) == K for s in moved)  # 1 and 3 too: their features 0..5 came with the Prefill
         for seq_id in seqs:
             proposer.release(seq_id)
-        assert len(proposer.feature_log) == 0
+        assert len(proposer.sent_features) == 0
     finally:
         proposer.close()
 

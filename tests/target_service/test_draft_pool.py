@@ -57,6 +57,7 @@ def test_new_sequences_go_to_the_least_loaded_draft(pool_of):
     homes = [pool.session_for(seq_id).address for seq_id in range(6)]
     assert homes == ["a", "b", "a", "b", "a", "b"]
     assert pool.session_for(0).address == "a"  # a sequence stays where it is
+    assert pool.session_of(1).address == "b" and pool.session_of(99) is None  # session_of places nothing
     for seq_id in (0, 2, 4):
         assert pool.release(seq_id).address == "a"
     assert [pool.session_for(seq_id).address for seq_id in (10, 11, 12)] == ["a", "a", "a"]  # a had room
@@ -71,6 +72,7 @@ def test_a_dead_drafts_sequences_move_to_the_healthy_one(pool_of):
     opener.up.discard("a")  # it stays down: no reconnect
     dead = pool.sessions[0]
     dead.close()  # the stream broke
+    assert pool.session_of(0) is None  # its home is down, and asking does not move it
     assert [pool.session_for(seq_id).address for seq_id in range(4)] == ["b"] * 4
     assert pool.num_sequences("a") == 0 and pool.num_sequences("b") == 4
     assert pool.release(0).address == "b"

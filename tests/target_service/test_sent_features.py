@@ -1,8 +1,8 @@
-"""FeatureLog: a sequence's target features of positions 0.., replayable whole; overwrites and gaps."""
+"""SentFeatures: a sequence's target features of positions 0.., replayable whole; overwrites and gaps."""
 
 import torch
 
-from target_service.feature_log import FeatureLog
+from target_service.sent_features import SentFeatures
 
 F = 6
 
@@ -17,7 +17,7 @@ def positions(t: torch.Tensor) -> list[int]:
 
 
 def test_rounds_append_and_a_replay_covers_every_position():
-    log = FeatureLog()
+    log = SentFeatures()
     log.add(1, 0, rows(0, 5))  # the prompt
     for start in range(5, 60, 3):  # rounds: more than the first buffer holds
         log.add(1, start, rows(start, 3))
@@ -25,14 +25,14 @@ def test_rounds_append_and_a_replay_covers_every_position():
 
 
 def test_later_rows_overwrite_those_of_dropped_tokens():
-    log = FeatureLog()
+    log = SentFeatures()
     log.add(1, 0, rows(0, 4))
     log.add(1, 2, 100 + rows(0, 1))  # position 2 again (its token changed), positions 3.. dropped
     assert positions(log.replay(1)) == [0, 1, 100]
 
 
 def test_a_gap_leaves_the_sequence_out_and_release_forgets_it():
-    log = FeatureLog()
+    log = SentFeatures()
     log.add(1, 0, rows(0, 3))
     log.add(1, 5, rows(5, 2))  # positions 3 and 4 never came
     assert log.replay(1) is None

@@ -13,7 +13,7 @@ import torch
 log = structlog.get_logger(__name__)
 
 
-class FeatureLog:
+class SentFeatures:
     """Per sequence: a buffer [capacity, F] whose first `length` rows are positions 0..length-1 (grown by
     doubling, so appending a round's rows copies nothing old)."""
 
