@@ -174,7 +174,7 @@ class RemoteProposer:
                                    num_accepted=k if state.last_tokens else -1, bonus_token=new[-1] if new else 0)
 
     def _replayed(self, r: ProposeRequest, msg: FeatureCarrier) -> ProposeRequest:
-        """A Prefill of a sequence whose features the log holds carries them all (it may be new to this draft
+        """A Prefill of a sequence whose sent features are kept carries them all (it may be new to this draft
         only because it moved here); anything else carries the request's new features."""
         rows = self.sent_features.replay(r.seq_id) if self.sent_features is not None else None
         if rows is None or not isinstance(msg, draft_pb2.Prefill):

@@ -30,10 +30,11 @@ class SentFeatures:
                           start=start, num_held=length)
             return
         end = start + len(features)
-        if buffer is None or end > len(buffer) or buffer.dtype != features.dtype:
+        if (buffer is None or end > len(buffer) or buffer.dtype != features.dtype
+                or buffer.device != features.device):
             grown = torch.empty(max(2 * end, 16), features.shape[1], dtype=features.dtype, device=features.device)
             if buffer is not None and start > 0:
-                grown[:start] = buffer[:start].to(features.dtype)
+                grown[:start] = buffer[:start].to(features.device, features.dtype)
             buffer = grown
         buffer[start:end] = features
         self._rows[seq_id] = (buffer, end)
