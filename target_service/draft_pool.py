@@ -1,11 +1,11 @@
 """The target's draft sessions, one per `--draft-address`: which draft each sequence is on, and reconnects.
 
 A new sequence goes to the healthy session holding the fewest of this target's sequences (ties: the first
-address; a draft shared with other targets is not asked for its own load). It stays
-there while that session is up; when it breaks (the draft died, a round timed out) the sequence moves to the
-least-loaded healthy session on its next round, and is re-sent there as a Prefill (that session does not
-know it). Each address has a background thread that reopens its session whenever it is down. With no
-healthy session a sequence has no home: its rounds get no speculation (plain decode, same output).
+address; a draft shared with other targets is not asked for its own load). It stays there while that session
+is up; when it breaks (the draft died, a round timed out) the sequence moves to the least-loaded healthy
+session on its next round, and is re-sent there as a Prefill (that session does not know it). Each address
+has a background thread that reopens its session whenever it is down. With no healthy session a sequence has
+no home: its rounds get no speculation (plain decode, same output).
 """
 
 import threading
