@@ -34,6 +34,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                    help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
     add_step_flags(s)
     s.add_argument("--targets", type=int, default=1, help="target replicas")
+    s.add_argument("--drafts", type=_at_least_one, default=1,
+                   help="draft services (same --draft each); every target spreads its sequences over the healthy ones "
+                        "and moves a dead draft's sequences to another")
     s.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
                    help="CPU ranks (processes) each target's model is sharded over, one core each when there are "
                         "enough; must divide the model's attention and KV heads (the default model: 1 or 3)")
@@ -60,6 +63,13 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_serve)
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def stack_config(args: argparse.Namespace) -> "StackConfig":
     """The StackConfig `ssd serve` flags describe (a neural draft's sd requests get 8-node trees by default)."""
     from deploy.local import StackConfig, default_tree_budget  # noqa: PLC0415 - grpc only for this command
@@ -67,6 +77,7 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     draft = None if args.draft == "none" else args.draft
     tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
     return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
+                       num_drafts=args.drafts,
                        quantization=args.quantization,
                        tensor_parallel_size=args.tensor_parallel_size, compile=args.compile,
                        enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,

@@ -1,4 +1,4 @@
-"""`ssd serve`: start draft, target(s) and gateway as processes on localhost, wait until healthy, stop cleanly.
+"""`ssd serve`: start draft(s), target(s) and gateway as processes on localhost, wait until healthy, stop cleanly.
 
 On CPU each model service is pinned to a core of its own (os.sched_setaffinity) with one torch
 thread. Children are stopped by their pids (SIGTERM, then SIGKILL after a grace period). Each Child
@@ -50,6 +50,7 @@ class StackConfig:
     quantization: str = "none"  # the target's linear weights (EngineConfig.quantization)
     device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
+    num_drafts: int = 1  # draft services; every target spreads its sequences over all of them
     tensor_parallel_size: int = 1  # CPU ranks per target (one core each where there are enough)
     compile: str = "auto"  # the targets' torch.compile: auto | on | off (ssd/runtime/compile.py)
     enforce_eager: bool = False
@@ -64,7 +65,7 @@ class StackConfig:
     log_dir: Path | None = None  # service logs; None = inherit stderr
     draft_timeout_s: float = 5.0
     health_interval_s: float = 0.5  # gateway's target polling period
-    metrics_port: int = 0  # the model services' /metrics: the draft on this port, target i on it + 1 + i; 0 = free
+    metrics_port: int = 0  # model services' /metrics: draft i on port + i, target i on port + num_drafts + i; 0 = free
     tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
 
 
@@ -86,8 +87,13 @@ class Child:
 class Stack:
     config: StackConfig
     children: list[Child] = field(default_factory=list)
-    draft_address: str | None = None
+    draft_addresses: list[str] = field(default_factory=list)  # draft i's address ("draft", "draft-1", ...)
     target_addresses: list[str] = field(default_factory=list)
+
+    @property
+    def draft_address(self) -> str | None:
+        """The first draft's address (None: no draft)."""
+        return self.draft_addresses[0] if self.draft_addresses else None
 
     @property
     def url(self) -> str:
@@ -136,16 +142,24 @@ def respawn(child: Child) -> None:
              num_restarts=child.num_restarts)
 
 
-def start_draft(stack: Stack, core: int | None, port: int | None = None) -> Child:
-    """A checkpoint draft also gets the target model: an EAGLE-3 head needs its embedding and config."""
+def draft_name(index: int) -> str:
+    """The first draft is "draft" (one draft: the only one), the others "draft-1", "draft-2", ..."""
+    return "draft" if index == 0 else f"draft-{index}"
+
+
+def start_draft(stack: Stack, core: int | None, port: int | None = None, index: int = 0) -> Child:
+    """Draft `index`, on the address it had before if it ran already (its targets reconnect to it). A checkpoint
+    draft also gets the target model: an EAGLE-3 head needs its embedding and config."""
     c = stack.config
-    stack.draft_address = stack.draft_address or f"127.0.0.1:{port or free_port()}"
-    metrics_port = _metrics_port(c, 0)
-    args = ["draft_service", "--draft", c.draft, "--address", stack.draft_address, "--dtype", c.dtype,
+    if index == len(stack.draft_addresses):
+        stack.draft_addresses.append(f"127.0.0.1:{port or free_port()}")
+    address = stack.draft_addresses[index]
+    metrics_port = _metrics_port(c, index)
+    args = ["draft_service", "--draft", c.draft, "--address", address, "--dtype", c.dtype,
             "--device", c.device, "--threads", "1", "--metrics-port", str(metrics_port), *c.tls.as_args()]
     if c.draft != "ngram":
         args += ["--target-model", c.model]
-    child = spawn("draft", args, stack.draft_address, core, c.log_dir)
+    child = spawn(draft_name(index), args, address, core, c.log_dir)
     child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
     return child
@@ -158,7 +172,7 @@ def _metrics_port(config: StackConfig, offset: int) -> int:
 def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -> Child:
     """A target; with tensor parallelism its ranks pin themselves to one core each of the cores it gets."""
     c = stack.config
-    address, metrics_port = f"127.0.0.1:{free_port()}", _metrics_port(c, 1 + index)
+    address, metrics_port = f"127.0.0.1:{free_port()}", _metrics_port(c, c.num_drafts + index)
     args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
             "--metrics-port", str(metrics_port),
             "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
@@ -168,8 +182,8 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
             "--compile", c.compile, "--attention-backend", c.attention_backend]
     if c.enforce_eager:
         args.append("--enforce-eager")
-    if stack.draft_address:
-        args += ["--draft-address", stack.draft_address]
+    for draft_address in stack.draft_addresses:
+        args += ["--draft-address", draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir)
     child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
@@ -224,7 +238,8 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     next_core = iter(cores if len(cores) > 1 else [])
     try:
         if config.draft is not None:
-            start_draft(stack, next(next_core, None))
+            for i in range(config.num_drafts):
+                start_draft(stack, next(next_core, None), index=i)
         for i in range(config.num_targets):
             start_target(stack, i, _take(next_core, config.tensor_parallel_size))
         start_gateway(stack)
@@ -272,7 +287,7 @@ def stop_child(child: Child, grace_s: float = 10.0) -> None:
 
 
 def stop_stack(stack: Stack, grace_s: float = 10.0) -> None:
-    """Gateway first (no new requests), then targets, then the draft; each by its pid."""
+    """Gateway first (no new requests), then targets, then the drafts; each by its pid."""
     for child in reversed(stack.children):
         stop_child(child, grace_s)
     log.info("stack stopped")

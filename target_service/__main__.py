@@ -35,7 +35,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
         tensor_parallel_size=config.tensor_parallel_size, prefill_chunk_tokens=config.prefill_chunk_tokens,
         compile=config.compile, enforce_eager=config.enforce_eager, attention_backend=config.attention_backend)
-    if config.draft_address is None:
+    if not config.draft_addresses:
         return LLMEngine(engine_config), None
     k = config.num_speculative_tokens
     tree = TreeShape(budget=config.tree_budget, depth=k, top_k=config.tree_top_k) if config.tree_budget else None
@@ -44,8 +44,8 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
     vocab_size = load_model_config(resolve_model(config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
     if feature_layers is None:
-        feature_layers = fetch_feature_layers(config.draft_address, config.draft_info_timeout_s, config.tls)
-    proposer = RemoteProposer(config.draft_address, config.replica_id, vocab_size, config.draft_timeout_s,
+        feature_layers = fetch_feature_layers(list(config.draft_addresses), config.draft_info_timeout_s, config.tls)
+    proposer = RemoteProposer(list(config.draft_addresses), config.replica_id, vocab_size, config.draft_timeout_s,
                               config.reconnect_interval_s, feature_layers,
                               offer_shared_memory=config.tensor_transport == "auto",
                               device=torch.device(config.device), tls=config.tls)

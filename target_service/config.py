@@ -2,6 +2,7 @@
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rpc.metrics_http import add_metrics_port_flag
@@ -33,7 +34,7 @@ class TargetServiceConfig:
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 16
     max_model_len: int | None = None
-    draft_address: str | None = None  # the draft service; None = no speculation (every request ar)
+    draft_addresses: tuple[str, ...] = ()  # the draft services (sequences spread over them); () = every request ar
     num_speculative_tokens: int = 4  # lookahead K (a tree's depth)
     tree_budget: int = 0  # sd requests: draft nodes per token tree; 0 = chains (ssd requests always speculate chains)
     tree_top_k: int = 2  # children tried per expanded tree node
@@ -50,6 +51,11 @@ class TargetServiceConfig:
     max_waiting_seqs: int = 64  # admitted requests not yet running (beyond max_num_seqs running)
     max_queued_tokens: int = 65536  # prompt tokens of the waiting requests
     tls: TlsFiles = field(default_factory=TlsFiles)  # server certificate + client CA; the draft hop's client side
+
+    @property
+    def draft_address(self) -> str | None:
+        """The first draft service (None: no draft)."""
+        return self.draft_addresses[0] if self.draft_addresses else None
 
     def __post_init__(self) -> None:
         if not 0 <= self.metrics_port <= 65535:
@@ -84,6 +90,12 @@ def parse_feature_layers(text: str) -> tuple[int, ...] | None:
         raise argparse.ArgumentTypeError(f"takes 'auto', 'none' or layer numbers like '2,15,27', got {text!r}") from e
 
 
+def draft_addresses(flags: list[str] | None, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The repeated --draft-address flags, else SSD_DRAFT_ADDRESS split at commas; duplicates dropped."""
+    given = flags if flags is not None else env.get("SSD_DRAFT_ADDRESS", "").split(",")
+    return tuple(dict.fromkeys(a.strip() for a in given if a.strip()))
+
+
 def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     env = os.environ
     p = argparse.ArgumentParser(prog="target_service", description="ssd-serve target (verifier) service")
@@ -106,8 +118,10 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                    help="while requests decode, feed a new prompt this many tokens per step, the decoding requests "
                         "stepping in between (0 = whole prompts first)")
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--draft-address", default=env.get("SSD_DRAFT_ADDRESS") or None,
-                   help="host:port of the draft service; omit for ar only")
+    p.add_argument("--draft-address", action="append", dest="draft_addresses", default=None,
+                   help="host:port of a draft service; repeat it for several drafts (sequences spread over the "
+                        "healthy ones, least loaded first; a dead draft's sequences move to another); default: "
+                        "SSD_DRAFT_ADDRESS (comma-separated); omit for ar only")
     p.add_argument("--k", type=int, default=4, help="lookahead K (a token tree's depth)")
     p.add_argument("--tree-budget", type=int, default=int(env.get("SSD_TARGET_TREE_BUDGET", "0")),
                    help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains)")
@@ -142,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, **step_options_from_args(a),
         prefill_chunk_tokens=a.prefill_chunk_tokens,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
-        draft_address=a.draft_address, num_speculative_tokens=a.k, default_mode=a.default_mode,
+        draft_addresses=draft_addresses(a.draft_addresses, env), num_speculative_tokens=a.k, default_mode=a.default_mode,
         tree_budget=a.tree_budget, tree_top_k=a.tree_topk,
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
         draft_info_timeout_s=a.draft_info_timeout_s, tensor_transport=a.tensor_transport, log_level=a.log_level, log_json=not a.log_text)

@@ -1,15 +1,17 @@
-"""RemoteProposer: the engine's Proposer protocol over one long-lived Speculator.Session stream.
+"""RemoteProposer: the engine's Proposer protocol over long-lived Speculator.Session streams, one per draft.
 
-Called from the engine thread only. Each `propose` sends one Round (prefills for sequences the
-draft has not seen, outcomes as deltas for the others) and waits for the Speculations with the
-same round id. If the draft is unreachable, slow past the timeout, or the stream breaks, the
-affected rounds get empty speculations (a plain decode step: output is unchanged) and a
-background thread reopens the session; a new session re-sends every sequence as a Prefill.
+Called from the engine thread only. The DraftPool (draft_pool.py) says which draft session each sequence
+is on; each `propose` sends one Round per session holding part of the batch (prefills for sequences that
+draft has not seen, outcomes as deltas for the others), then waits for each Speculations with the same
+round id. If a draft is unreachable, slow past the timeout, or its stream breaks, the affected rounds get
+empty speculations (a plain decode step: output is unchanged), its sequences move to another healthy
+draft (re-sent there as Prefills), and a background thread reopens its session.
 
 A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the
 engine computes them (known before it is built: `fetch_feature_layers`) and each Prefill / Outcome
-carries the features of its new positions. Features are not kept here: a sequence re-sent after a
-reconnect lacks its old ones, and the draft gives it empty speculations.
+carries the features of its new positions. With one draft, features are not kept here: a sequence re-sent
+after a reconnect lacks its old ones, and the draft gives it empty speculations. With several, they are
+kept (sent_features.py) and a sequence's Prefill on another draft (or a reopened session) carries them all.
 
 SSD: a sequence whose request asks for ssd goes to the draft with Prefill.ssd; rounds carry the
 optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
@@ -17,7 +19,7 @@ optional `ssd_options`; the answers' cache-hit flags, predictions and draft timi
 
 import dataclasses
 import itertools
-import threading
+import time
 
 import grpc
 import structlog
@@ -30,7 +32,9 @@ from rpc.tls_files import TlsFiles
 from ssd.config import SsdConfig
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.speculation import Speculation
+from target_service.draft_pool import DraftPool
 from target_service.draft_session import DraftSession, SentSequence
+from target_service.sent_features import SentFeatures
 from target_service.ssd_wire import DraftTimings, ssd_options
 from tensor_transport import torch_tensors
 
@@ -39,30 +43,43 @@ log = structlog.get_logger(__name__)
 FeatureCarrier = draft_pb2.Prefill | draft_pb2.Outcome  # the round messages that carry target features
 CPU = torch.device("cpu")  # the engine samples and verifies on the host
 _MAX_INLINE_FEATURE_BYTES = MAX_MESSAGE_BYTES // 2  # per Round; features past it are left out (no speculation)
+_INFO_TRY_S = 2.0  # with several drafts: how long one GetInfo waits before the next draft is asked
 
 
-def fetch_feature_layers(address: str, timeout_s: float, tls: TlsFiles | None = None) -> tuple[int, ...]:
-    """The target layers whose features the draft needs (its GetInfo), waiting up to `timeout_s` for it to serve."""
-    with sync_channel(address, tls, CHANNEL_OPTIONS) as channel:
-        try:
-            info = draft_pb2_grpc.SpeculatorStub(channel).GetInfo(draft_pb2.DraftInfoRequest(), timeout=timeout_s,
-                                                                   wait_for_ready=True)
-        except grpc.RpcError as e:
-            log.warning("the draft did not answer GetInfo; computing no target features for it",
-                        address=address, code=e.code().name if e.code() else None)
-            return ()
-    return tuple(info.feature_layers)
+def fetch_feature_layers(addresses: str | list[str], timeout_s: float, tls: TlsFiles | None = None) -> tuple[int, ...]:
+    """The target layers whose features the drafts need (the first GetInfo answer: a target's drafts all draft from
+    the same layers), asking the drafts in turn for up to `timeout_s` in all while they start."""
+    addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+    deadline = time.monotonic() + timeout_s
+    for address in itertools.cycle(addresses):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        wait_s = remaining if len(addresses) == 1 else min(remaining, _INFO_TRY_S)  # a down draft delays no other
+        with sync_channel(address, tls, CHANNEL_OPTIONS) as channel:
+            try:
+                info = draft_pb2_grpc.SpeculatorStub(channel).GetInfo(draft_pb2.DraftInfoRequest(), timeout=wait_s,
+                                                                       wait_for_ready=True)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    continue
+                log.warning("the draft did not answer GetInfo; computing no target features for it",
+                            address=address, code=e.code().name if e.code() else None)
+                return ()
+        return tuple(info.feature_layers)
+    log.warning("no draft answered GetInfo; computing no target features", addresses=addresses, timeout_s=timeout_s)
+    return ()
 
 
 class RemoteProposer:
     """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
     `ssd_options`: SSD settings sent with every round that has ssd sequences; None = the draft's defaults."""
 
-    def __init__(self, address: str, target_id: str, vocab_size: int, timeout_s: float = 5.0,
+    def __init__(self, addresses: str | list[str], target_id: str, vocab_size: int, timeout_s: float = 5.0,
                  reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = (),
                  offer_shared_memory: bool = True, ssd_options: SsdConfig | None = None,
                  device: torch.device | None = None, tls: TlsFiles | None = None) -> None:
-        self.address = address
+        self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         self.tls = tls  # with a CA: the session runs over TLS (mutual, with this target's certificate)
         self.ssd_options = ssd_options
         self._timings = DraftTimings()  # the draft's SSD timings, summed (engine thread writes)
@@ -72,19 +89,16 @@ class RemoteProposer:
         self.target_id = target_id
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
-        self.reconnect_interval_s = reconnect_interval_s
-        self._session: DraftSession | None = None
         self._round_ids = itertools.count(1)
         self._refused_for_features = False
-        self._stop = threading.Event()
-        self._lock = threading.Lock()  # orders close() against the reconnect thread installing a session
-        self._thread = threading.Thread(target=self._keep_connected, daemon=True, name="draft-reconnect")
-        self._thread.start()
+        # with several drafts a sequence may move: its features so far go with its Prefill on the new draft
+        self.sent_features = SentFeatures() if len(self.addresses) > 1 and self.feature_layers else None
+        self.pool = DraftPool(self.addresses, self._open, reconnect_interval_s)  # opens the sessions in background
 
     @property
     def is_connected(self) -> bool:
-        s = self._session
-        return s is not None and not s.is_broken
+        """Whether at least one draft session is up."""
+        return self.pool.is_connected
 
     @property
     def draft_timings(self) -> DraftTimings:
@@ -92,8 +106,16 @@ class RemoteProposer:
         return dataclasses.replace(self._timings)
 
     # -- connection -------------------------------------------------------------------------
-    def _open(self) -> DraftSession | None:
-        channel = sync_channel(self.address, self.tls, CHANNEL_OPTIONS)
+    def _open(self, address: str) -> DraftSession | None:
+        """A session to the draft at `address`, handshake done; None if it is down or refuses (the pool retries)."""
+        try:
+            return self._handshake(address)
+        except grpc.RpcError as e:
+            log.warning("draft session failed to open", address=address, code=e.code().name)
+            return None
+
+    def _handshake(self, address: str) -> DraftSession | None:
+        channel = sync_channel(address, self.tls, CHANNEL_OPTIONS)
         try:
             grpc.channel_ready_future(channel).result(timeout=2.0)
         except grpc.FutureTimeoutError:
@@ -111,48 +133,26 @@ class RemoteProposer:
         answer = session.receive(round_id, self.timeout_s)
         if answer is None or answer.WhichOneof("kind") != "ready":
             reason = answer.error.message if answer is not None and answer.HasField("error") else "no answer"
-            log.warning("draft session refused", address=self.address, reason=reason)
+            log.warning("draft session refused", address=address, reason=reason)
             session.close()
             return None
         needed = tuple(answer.ready.feature_layers)
         if needed and needed != self.feature_layers:
             (log.debug if self._refused_for_features else log.warning)(
                 "the draft needs target features this target does not compute; decoding without it until the "
-                "target restarts (its --draft-feature-layers)", address=self.address,
+                "target restarts (its --draft-feature-layers)", address=address,
                 draft_feature_layers=needed, target_feature_layers=self.feature_layers)
             self._refused_for_features = True  # warned once; the reconnect loop keeps asking quietly
             session.close()
             return None
         session.sends_features = bool(needed)
         transport = session.tensors.settle(answer.ready.transport)
-        log.info("draft session open", address=self.address, draft=answer.ready.draft_name, feature_layers=needed,
+        log.info("draft session open", address=address, draft=answer.ready.draft_name, feature_layers=needed,
                  tensor_transport=common_pb2.TensorTransport.Name(transport))
         return session
 
-    def _keep_connected(self) -> None:
-        while not self._stop.is_set():
-            if not self.is_connected:
-                try:
-                    session = self._open()
-                except grpc.RpcError as e:
-                    log.warning("draft session failed to open", code=e.code().name)
-                    session = None
-                if session is not None:
-                    with self._lock:  # close() may run meanwhile: a session opened after it is closed at once
-                        if self._stop.is_set():
-                            old = session
-                        else:
-                            old, self._session = self._session, session
-                    if old is not None:
-                        old.close()
-            self._stop.wait(self.reconnect_interval_s)
-
     def close(self) -> None:
-        with self._lock:
-            self._stop.set()
-            session = self._session
-        if session is not None:
-            session.close()
+        self.pool.close()
 
     # -- the Proposer protocol --------------------------------------------------------------
     def _entry(self, session: DraftSession, r: ProposeRequest, round_: draft_pb2.Round) -> FeatureCarrier:
@@ -173,6 +173,14 @@ class RemoteProposer:
         return round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent, new_token_ids=new,
                                    num_accepted=k if state.last_tokens else -1, bonus_token=new[-1] if new else 0)
 
+    def _replayed(self, r: ProposeRequest, msg: FeatureCarrier) -> ProposeRequest:
+        """A Prefill of a sequence whose sent features are kept carries them all (it may be new to this draft
+        only because it moved here); anything else carries the request's new features."""
+        rows = self.sent_features.replay(r.seq_id) if self.sent_features is not None else None
+        if rows is None or not isinstance(msg, draft_pb2.Prefill):
+            return r
+        return dataclasses.replace(r, features=rows, features_start=0)  # rows: [n, F], positions 0..n-1
+
     def _attach_features(self, session: DraftSession, entries: list[tuple[ProposeRequest, FeatureCarrier]]) -> None:
         """Each message gets its sequence's new target features: by the session's transport, inline within a
         byte budget (a sequence left out sees a gap on the draft and goes without speculation)."""
@@ -191,10 +199,35 @@ class RemoteProposer:
             msg.features_start = r.features_start
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
-        session = self._session
-        empty = [Speculation([]) for _ in requests]
-        if session is None or session.is_broken:
-            return empty
+        """One Round per draft session holding some of the batch, all sent before any answer is awaited (the
+        drafts work in parallel); a session that does not answer in time is closed and its sequences get empty
+        speculations (they move to another draft on their next round)."""
+        out = [Speculation([]) for _ in requests]
+        if self.sent_features is not None:
+            for r in requests:
+                if r.features is not None:
+                    self.sent_features.add(r.seq_id, r.features_start, r.features)
+        batches: dict[DraftSession, list[int]] = {}  # session -> indices into requests
+        for i, r in enumerate(requests):
+            session = self.pool.session_for(r.seq_id)
+            if session is not None:
+                batches.setdefault(session, []).append(i)
+        sent = [(session, indices, self._send_round(session, [requests[i] for i in indices]))
+                for session, indices in batches.items()]
+        deadline = time.monotonic() + self.timeout_s
+        for session, indices, round_id in sent:
+            answer = session.receive(round_id, max(deadline - time.monotonic(), 0.001))
+            if answer is None or answer.WhichOneof("kind") != "speculations":
+                log.warning("no speculations from the draft; decoding without them", round_id=round_id)
+                session.close()  # a late answer would desynchronize the stream: start a fresh session
+                continue
+            specs = self._apply(session, [requests[i] for i in indices], answer.speculations)
+            for i, spec in zip(indices, specs, strict=True):
+                out[i] = spec
+        return out
+
+    def _send_round(self, session: DraftSession, requests: list[ProposeRequest]) -> int:
+        """Send the session's Round for these sequences (prefills for new ones, outcomes for the others)."""
         round_ = draft_pb2.Round(num_speculative_tokens=max(r.num_tokens for r in requests))
         tree = next((r.tree for r in requests if r.tree is not None), None)
         if tree is not None:
@@ -203,15 +236,10 @@ class RemoteProposer:
             round_.ssd.CopyFrom(ssd_options(self.ssd_options))
         entries = [(r, self._entry(session, r, round_)) for r in requests]
         if session.sends_features:
-            self._attach_features(session, entries)
+            self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
         round_id = next(self._round_ids)
         session.send(draft_pb2.SessionRequest(round_id=round_id, round=round_))
-        answer = session.receive(round_id, self.timeout_s)
-        if answer is None or answer.WhichOneof("kind") != "speculations":
-            log.warning("no speculations from the draft; decoding without them", round_id=round_id)
-            session.close()  # a late answer would desynchronize the stream: start a fresh session
-            return empty
-        return self._apply(session, requests, answer.speculations)
+        return round_id
 
     def _apply(self, session: DraftSession, requests: list[ProposeRequest],
                specs: draft_pb2.Speculations) -> list[Speculation]:
@@ -257,6 +285,8 @@ class RemoteProposer:
         pass  # the next Outcome carries the delta
 
     def release(self, seq_id: int) -> None:
-        session = self._session
-        if session is not None and not session.is_broken and session.known.pop(seq_id, None) is not None:
+        if self.sent_features is not None:
+            self.sent_features.release(seq_id)
+        session = self.pool.release(seq_id)
+        if session is not None and session.known.pop(seq_id, None) is not None:
             session.send(draft_pb2.SessionRequest(release=draft_pb2.Release(seq_ids=[seq_id])))

@@ -100,7 +100,7 @@ def test_every_container_parses_with_its_service_flags_and_listens_on_a_declared
 
 def test_gateway_targets_are_the_statefulset_replicas_on_the_headless_service(overlay, monkeypatch):
     _, docs = overlay
-    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "ssd-target"]
     headless = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
     target_container = next(c for c in sts["spec"]["template"]["spec"]["containers"] if service_of(c) == "target_service")
@@ -112,20 +112,40 @@ def test_gateway_targets_are_the_statefulset_replicas_on_the_headless_service(ov
     assert sorted(targets) == [f"{name}-{i}.{service}:{target_port}" for i in range(sts["spec"]["replicas"])]
 
 
-def test_each_target_reaches_a_draft(overlay, monkeypatch):
+def replica_names(sts: dict) -> list[str]:
+    """A StatefulSet's per-replica DNS names on its headless Service: name-0.service, name-1.service, ..."""
+    name, service = sts["metadata"]["name"], sts["spec"]["serviceName"]
+    return [f"{name}-{i}.{service}" for i in range(sts["spec"].get("replicas", 1))]
+
+
+def test_each_target_reaches_every_draft(overlay, monkeypatch):
+    """Each --draft-address of a target is a draft container in its pod, a Service selecting draft pods, or one
+    replica of the draft StatefulSet on its headless Service; with a draft StatefulSet, a target has every
+    replica (the CPU overlay runs two)."""
     _, docs = overlay
+    draft_sets = [w for w in workloads(docs) if w["kind"] == "StatefulSet"
+                  and [service_of(x) for x in w["spec"]["template"]["spec"]["containers"]] == ["draft_service"]]
+    replicas = {host: sts for sts in draft_sets for host in replica_names(sts)}
     for workload, c in containers(docs):
         if service_of(c) != "target_service":
             continue
-        host, port = parse(c, monkeypatch).draft_address.rsplit(":", 1)
-        if host == "127.0.0.1":  # a draft container in the same pod
-            pod = workload["spec"]["template"]["spec"]["containers"]
-            drafts = [d for d in pod if service_of(d) == "draft_service"]
-            assert [port_of(parse(d, monkeypatch).address) for d in drafts] == [int(port)]
-            assert all(any(m["mountPath"] == "/dev/shm" for m in x["volumeMounts"]) for x in [c, *drafts])
-        else:
-            service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == host)
+        addresses = parse(c, monkeypatch).draft_addresses
+        assert addresses, c["name"]
+        if draft_sets:
+            assert sorted(a.rsplit(":", 1)[0] for a in addresses) == sorted(replicas)
+        for address in addresses:
+            host, port = address.rsplit(":", 1)
+            if host == "127.0.0.1":  # a draft container in the same pod
+                pod = workload["spec"]["template"]["spec"]["containers"]
+                drafts = [d for d in pod if service_of(d) == "draft_service"]
+                assert [port_of(parse(d, monkeypatch).address) for d in drafts] == [int(port)]
+                assert all(any(m["mountPath"] == "/dev/shm" for m in x["volumeMounts"]) for x in [c, *drafts])
+                continue
+            service_name = replicas[host]["spec"]["serviceName"] if host in replicas else host
+            service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == service_name)
             assert service["spec"]["ports"][0]["port"] == int(port)
+            if host in replicas:
+                assert service["spec"]["clusterIP"] == "None"  # headless: per-replica DNS names
             pods = [w for w in workloads(docs) if matches(service["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
             assert [service_of(x) for w in pods for x in w["spec"]["template"]["spec"]["containers"]] == ["draft_service"]
 
@@ -135,10 +155,10 @@ def test_sd_speculates_the_shape_ssd_serve_picks_for_the_draft(overlay, monkeypa
     from deploy.local import default_tree_budget
 
     _, docs = overlay
-    (draft,) = [c for _, c in containers(docs) if service_of(c) == "draft_service"]
+    (draft,) = {parse(c, monkeypatch).draft for _, c in containers(docs) if service_of(c) == "draft_service"}
     for _, c in containers(docs):
         if service_of(c) == "target_service":
-            assert parse(c, monkeypatch).tree_budget == default_tree_budget(parse(draft, monkeypatch).draft)
+            assert parse(c, monkeypatch).tree_budget == default_tree_budget(draft)
 
 
 def test_services_and_network_policies_select_real_pods(overlay):
@@ -223,7 +243,7 @@ def test_every_object_validates_against_the_kubernetes_api_schema(overlay, versi
 
 def test_the_schema_check_catches_a_misspelt_field_and_a_wrong_type(overlay):
     _, docs = overlay
-    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")  # the targets' (the drafts may have one too)
     container = sts["spec"]["template"]["spec"]["containers"][0]
     misspelt = {**container, "readinesProbe": container["readinessProbe"]}
     del misspelt["readinessProbe"]

@@ -68,7 +68,7 @@ def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_addr
                               feature_layers=layers, offer_shared_memory=transport == SHM)
     try:
         assert wait_for(lambda: proposer.is_connected)
-        assert proposer._session.tensors.transport == transport
+        assert proposer.pool.sessions[0].tensors.transport == transport
         tokens, width = [5, 6, 7, 8, 40], 3 * 64
         first = proposer.propose([request(1, tokens, 0, torch.randn(4, width, dtype=torch.bfloat16))])
         assert len(first[0].tokens) == K  # bfloat16 features crossed the wire
@@ -76,9 +76,9 @@ def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_addr
         second = proposer.propose([request(1, tokens, 4, torch.randn(2, width, dtype=torch.bfloat16))])
         assert len(second[0].tokens) == K  # the outcome's features extend the draft's
 
-        old = proposer._session
+        old = proposer.pool.sessions[0]
         old.close()  # the stream breaks: the next session re-sends sequence 1 without its old features
-        assert wait_for(lambda: proposer.is_connected and proposer._session is not old)
+        assert wait_for(lambda: proposer.is_connected and proposer.pool.sessions[0] is not old)
         tokens = [*tokens, 42]
         resent = proposer.propose([request(1, tokens, 6, torch.randn(1, width)),
                                    request(2, [9, 10, 11, 12], 0, torch.randn(3, width))])
