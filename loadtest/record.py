@@ -136,18 +136,27 @@ def _handler(method: MethodDescriptor, upstream: aio.Channel, recorder_for: Call
             yield message
 
     async def unary_unary(request: Message, context: aio.ServicerContext) -> Message:
-        return await upstream.unary_unary(path, **codecs)(request, metadata=_forwarded_metadata(context),
-                                                          timeout=timeout_s)
+        try:
+            return await upstream.unary_unary(path, **codecs)(request, metadata=_forwarded_metadata(context),
+                                                              timeout=timeout_s)
+        except aio.AioRpcError as e:  # the upstream's status, as if the caller had reached it
+            await context.abort(e.code(), e.details())
 
     async def unary_stream(request: Message, context: aio.ServicerContext) -> AsyncIterator[Message]:
-        async for response in upstream.unary_stream(path, **codecs)(request, metadata=_forwarded_metadata(context)):
-            yield response
+        try:
+            async for response in upstream.unary_stream(path, **codecs)(request,
+                                                                        metadata=_forwarded_metadata(context)):
+                yield response
+        except aio.AioRpcError as e:
+            await context.abort(e.code(), e.details())
 
     async def stream_unary(requests: AsyncIterator[Message], context: aio.ServicerContext) -> Message:
         recorder = recorder_for() if recorder_for else None
         try:
             return await upstream.stream_unary(path, **codecs)(tee(requests, recorder),
                                                                metadata=_forwarded_metadata(context))
+        except aio.AioRpcError as e:
+            await context.abort(e.code(), e.details())
         finally:
             if recorder is not None:
                 recorder.close()
@@ -158,6 +167,8 @@ def _handler(method: MethodDescriptor, upstream: aio.Channel, recorder_for: Call
             call = upstream.stream_stream(path, **codecs)(tee(requests, recorder), metadata=_forwarded_metadata(context))
             async for response in call:
                 yield response
+        except aio.AioRpcError as e:
+            await context.abort(e.code(), e.details())
         finally:
             if recorder is not None:
                 recorder.close()

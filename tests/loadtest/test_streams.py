@@ -199,3 +199,21 @@ def test_lockstep_needs_a_bidi_call_and_the_field(draft: Child) -> None:
         _report(host=draft.address, call="ssd.v1.Speculator.GetInfo", total=1, lockstep_field="round_id")
     with pytest.raises(LoadTestError, match="has no such field"):
         _report(host=draft.address, call=SESSION, total=1, lockstep_field="nope")
+
+
+def test_the_proxy_passes_on_the_upstreams_status(tmp_path: Path) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    opts = LoadOptions(host=f"127.0.0.1:{free_port()}", call=SESSION, is_insecure=True, timeout_s=2.0)  # nobody there
+    done: list[int] = []
+    proxy = threading.Thread(target=lambda: done.append(asyncio.run(record_streams(opts, listen, tmp_path / "r", 1))),
+                             daemon=True)
+    proxy.start()
+    with grpc.insecure_channel(listen) as channel:
+        grpc.channel_ready_future(channel).result(timeout=20)
+        with pytest.raises(grpc.RpcError) as info:
+            draft_pb2_grpc.SpeculatorStub(channel).GetInfo(draft_pb2.DraftInfoRequest(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        requests = [json_message(m) for m in session_stream(1, [1, 2], 1)]
+        with pytest.raises(grpc.RpcError) as info:
+            list(draft_pb2_grpc.SpeculatorStub(channel).Session(iter(requests), timeout=10))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
