@@ -24,6 +24,7 @@ from grpc import aio
 from loadtest.call import resolve_call
 from loadtest.errors import LoadTestError
 from loadtest.options import LoadOptions
+from rpc.options import CHANNEL_OPTIONS, SERVER_OPTIONS
 
 SESSION_REQUEST = "ssd.v1.SessionRequest"
 _INLINE = 1  # ssd.v1.TensorTransport.TENSOR_TRANSPORT_INLINE
@@ -197,9 +198,11 @@ async def record_streams(opts: LoadOptions, listen: str, out: Path, max_streams:
     number of lines written to `out` (replaced)."""
     service_name, methods, recorded = _service_of(opts)
     creds = None if opts.is_insecure else grpc.ssl_channel_credentials()
-    upstream = aio.secure_channel(opts.host, creds) if creds else aio.insecure_channel(opts.host)
+    # the services' own keepalive and message limits on both hops (a target pings its draft while idle)
+    upstream = (aio.secure_channel(opts.host, creds, CHANNEL_OPTIONS) if creds
+                else aio.insecure_channel(opts.host, CHANNEL_OPTIONS))
     done = asyncio.Event()
-    server = aio.server()
+    server = aio.server(options=SERVER_OPTIONS)
     with open(out, "w") as file:
         writer = LineWriter(file, max_streams, done)
         is_session = recorded.input_type.full_name == SESSION_REQUEST
