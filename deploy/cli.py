@@ -124,8 +124,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if config.api_key is None:
         sys.stderr.write("ssd serve: warning: authentication is OFF (no --api-key-file / SSD_API_KEY): anyone who "
                          f"reaches {config.host}:{config.http_port} can use the API\n")
-    if config.log_dir is not None:
-        config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -283,6 +283,8 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     for port in (config.http_port, config.grpc_port):  # the gateway's public ports: fail now, in one line
         check_port_free(f"{config.host}:{port}")
     ensure_models(config)
+    if config.log_dir is not None:
+        config.log_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(config)
     cores = _cores() if config.device == "cpu" else []  # on a GPU the services are not pinned
     next_core = iter(cores if len(cores) > 1 else [])
