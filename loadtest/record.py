@@ -119,53 +119,69 @@ def _forwarded_metadata(context: aio.ServicerContext) -> tuple[tuple[str, str], 
                  if not k.startswith(":") and not k.startswith(_HOP_HEADERS))
 
 
-def _handler(method: MethodDescriptor, upstream: aio.Channel, recorder_for: Callable[[], StreamRecorder] | None,
-             timeout_s: float) -> grpc.RpcMethodHandler:
-    """A handler that forwards `method` to `upstream`; with `recorder_for`, client streams are recorded."""
-    request_cls = message_factory.GetMessageClass(method.input_type)
-    response_cls = message_factory.GetMessageClass(method.output_type)
-    path = f"/{method.containing_service.full_name}/{method.name}"
-    codecs = {"request_serializer": request_cls.SerializeToString, "response_deserializer": response_cls.FromString}
-    handler_codecs = {"request_deserializer": request_cls.FromString,
-                      "response_serializer": response_cls.SerializeToString}
+class _Forwarder:
+    """Forwards one method to the upstream (its status too, when it fails); records `--call`'s streams."""
 
-    async def tee(requests: AsyncIterator[Message], recorder: StreamRecorder | None) -> AsyncIterator[Message]:
+    def __init__(self, method: MethodDescriptor, upstream: aio.Channel,
+                 recorder_for: Callable[[], StreamRecorder] | None, timeout_s: float) -> None:
+        self.method = method
+        self.upstream = upstream
+        self.recorder_for = recorder_for
+        self.timeout_s = timeout_s
+        self.request_cls = message_factory.GetMessageClass(method.input_type)
+        self.response_cls = message_factory.GetMessageClass(method.output_type)
+        self.path = f"/{method.containing_service.full_name}/{method.name}"
+
+    def handler(self) -> grpc.RpcMethodHandler:
+        kinds = {(False, False): (grpc.unary_unary_rpc_method_handler, self.unary_unary),
+                 (False, True): (grpc.unary_stream_rpc_method_handler, self.unary_stream),
+                 (True, False): (grpc.stream_unary_rpc_method_handler, self.stream_unary),
+                 (True, True): (grpc.stream_stream_rpc_method_handler, self.stream_stream)}
+        make, behaviour = kinds[(self.method.client_streaming, self.method.server_streaming)]
+        return make(behaviour, request_deserializer=self.request_cls.FromString,
+                    response_serializer=self.response_cls.SerializeToString)
+
+    def _stub(self, kind: str) -> Callable:
+        return getattr(self.upstream, kind)(self.path, request_serializer=self.request_cls.SerializeToString,
+                                            response_deserializer=self.response_cls.FromString)
+
+    async def _tee(self, requests: AsyncIterator[Message], recorder: StreamRecorder | None) -> AsyncIterator[Message]:
         async for message in requests:
             message = inline_only(message)
             if recorder is not None:
                 recorder.add(message)
             yield message
 
-    async def unary_unary(request: Message, context: aio.ServicerContext) -> Message:
+    async def unary_unary(self, request: Message, context: aio.ServicerContext) -> Message:
         try:
-            return await upstream.unary_unary(path, **codecs)(request, metadata=_forwarded_metadata(context),
-                                                              timeout=timeout_s)
+            return await self._stub("unary_unary")(request, metadata=_forwarded_metadata(context),
+                                                   timeout=self.timeout_s)
         except aio.AioRpcError as e:  # the upstream's status, as if the caller had reached it
             await context.abort(e.code(), e.details())
 
-    async def unary_stream(request: Message, context: aio.ServicerContext) -> AsyncIterator[Message]:
+    async def unary_stream(self, request: Message, context: aio.ServicerContext) -> AsyncIterator[Message]:
         try:
-            async for response in upstream.unary_stream(path, **codecs)(request,
-                                                                        metadata=_forwarded_metadata(context)):
+            async for response in self._stub("unary_stream")(request, metadata=_forwarded_metadata(context)):
                 yield response
         except aio.AioRpcError as e:
             await context.abort(e.code(), e.details())
 
-    async def stream_unary(requests: AsyncIterator[Message], context: aio.ServicerContext) -> Message:
-        recorder = recorder_for() if recorder_for else None
+    async def stream_unary(self, requests: AsyncIterator[Message], context: aio.ServicerContext) -> Message:
+        recorder = self.recorder_for() if self.recorder_for else None
         try:
-            return await upstream.stream_unary(path, **codecs)(tee(requests, recorder),
-                                                               metadata=_forwarded_metadata(context))
+            return await self._stub("stream_unary")(self._tee(requests, recorder),
+                                                    metadata=_forwarded_metadata(context))
         except aio.AioRpcError as e:
             await context.abort(e.code(), e.details())
         finally:
             if recorder is not None:
                 recorder.close()
 
-    async def stream_stream(requests: AsyncIterator[Message], context: aio.ServicerContext) -> AsyncIterator[Message]:
-        recorder = recorder_for() if recorder_for else None
+    async def stream_stream(self, requests: AsyncIterator[Message],
+                            context: aio.ServicerContext) -> AsyncIterator[Message]:
+        recorder = self.recorder_for() if self.recorder_for else None
         try:
-            call = upstream.stream_stream(path, **codecs)(tee(requests, recorder), metadata=_forwarded_metadata(context))
+            call = self._stub("stream_stream")(self._tee(requests, recorder), metadata=_forwarded_metadata(context))
             async for response in call:
                 yield response
         except aio.AioRpcError as e:
@@ -173,13 +189,6 @@ def _handler(method: MethodDescriptor, upstream: aio.Channel, recorder_for: Call
         finally:
             if recorder is not None:
                 recorder.close()
-
-    kinds = {(False, False): (grpc.unary_unary_rpc_method_handler, unary_unary),
-             (False, True): (grpc.unary_stream_rpc_method_handler, unary_stream),
-             (True, False): (grpc.stream_unary_rpc_method_handler, stream_unary),
-             (True, True): (grpc.stream_stream_rpc_method_handler, stream_stream)}
-    make, behaviour = kinds[(method.client_streaming, method.server_streaming)]
-    return make(behaviour, **handler_codecs)
 
 
 def _service_of(opts: LoadOptions) -> tuple[str, list[MethodDescriptor], MethodDescriptor]:
@@ -210,11 +219,16 @@ async def record_streams(opts: LoadOptions, listen: str, out: Path, max_streams:
         def recorder_for() -> StreamRecorder:
             return SessionRecorder(writer) if is_session else StreamRecorder(writer)
 
-        handlers = {m.name: _handler(m, upstream, recorder_for if m is recorded else None, opts.timeout_s)
+        handlers = {m.name: _Forwarder(m, upstream, recorder_for if m is recorded else None, opts.timeout_s).handler()
                     for m in methods}
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service_name, handlers)])
-        if server.add_insecure_port(listen) == 0:
-            raise LoadTestError(f"--listen {listen}: cannot listen there")
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            await upstream.close()
+            raise LoadTestError(f"--listen {listen}: cannot listen there (in use, or not host:port)")
         await server.start()
         if threading.current_thread() is threading.main_thread():  # the command, not a test's thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, done.set)
