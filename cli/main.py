@@ -1,6 +1,10 @@
-"""The `ssd` command: generate, models (pull / list), bench. Parses flags, builds configs, runs."""
+"""The `ssd` command: generate, models (pull / list), bench. Parses flags, builds configs, runs.
+
+Commands that load a known model pull it first when it is not cached, unless --offline (SSD_OFFLINE=1).
+"""
 
 import argparse
+import os
 import sys
 import time
 
@@ -27,6 +31,26 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
                    help="shard the model over this many CPU ranks (processes), each on its own cores")
     add_step_flags(p)
+    _add_offline_flag(p)
+
+
+def _add_offline_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--offline", action="store_true",
+                   help="never download: a model that is not cached is an error (also SSD_OFFLINE=1)")
+
+
+def _pull_on_demand(args: argparse.Namespace) -> None:
+    """--offline turns offline mode on for this process and its children; known models named by --model /
+    --draft that are not cached are pulled now (a progress bar on a terminal), unless offline."""
+    from ssd.fetch import OFFLINE_ENV
+    from ssd.model_store import KNOWN_MODELS, ensure_model
+
+    if getattr(args, "offline", False):
+        os.environ[OFFLINE_ENV] = "1"
+    if getattr(args, "pulls_models", False):
+        for name in (getattr(args, "model", None), getattr(args, "draft", None)):
+            if name in KNOWN_MODELS:
+                ensure_model(name)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -120,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ar: plain decoding; sd: speculative; ssd: speculative speculative (in one process here: "
                         "answer + cache build in turn, for checking; `ssd serve` / `ssd bench` overlap them)")
     add_speculation_flags(g)
-    g.set_defaults(func=_cmd_generate)
+    g.set_defaults(func=_cmd_generate, pulls_models=True)
 
     m = sub.add_parser("models", help="manage the local model cache")
     msub = m.add_subparsers(dest="models_cmd", required=True)
@@ -134,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.cli import add_bench_arguments  # noqa: PLC0415 - bench is only needed for this command
 
     add_bench_arguments(b)
+    _add_offline_flag(b)
+    b.set_defaults(pulls_models=True)
     from draft_training.cli import add_draft_training_commands  # noqa: PLC0415 - lazy: heavy deps
 
     add_draft_training_commands(sub)
@@ -153,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, json=args.log_json)
     try:
+        _pull_on_demand(args)
         return args.func(args)
     except SSDError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -152,20 +152,35 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-model", default="smollm2-135m-instruct", help="target model of the --local stack")
     p.add_argument("--local-draft", default="ngram",
                    help="draft of the --local stack: 'ngram', a draft checkpoint or an EAGLE-3 head (ssd needs one)")
+    p.add_argument("--offline", action="store_true",
+                   help="--local: never download; a model that is not cached is an error (also SSD_OFFLINE=1)")
     p.set_defaults(func=main)
+
+
+def _start_local(args: argparse.Namespace):  # noqa: ANN202 (deploy.local.Stack | None: grpc only when used)
+    """The --local stack (its known models pulled first unless offline); None after one line saying why not."""
+    from deploy.local import StackConfig, StackStartError, free_port, start_stack
+    from ssd.fetch import is_offline
+
+    log_dir = Path("out/chat-logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"starting a local stack (logs in {log_dir}/) ...")
+    try:
+        return start_stack(StackConfig(model=args.local_model, draft=args.local_draft, http_port=free_port(),
+                                       grpc_port=free_port(), log_dir=log_dir,
+                                       offline=args.offline or is_offline()))
+    except StackStartError as e:
+        sys.stderr.write(f"ssd chat: cannot start the local stack: {e}\n")
+        return None
 
 
 def main(args: argparse.Namespace) -> int:
     stack = None
     url = args.url
     if args.local:
-        from deploy.local import StackConfig, free_port, start_stack
-
-        log_dir = Path("out/chat-logs")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        print(f"starting a local stack (logs in {log_dir}/) ...")
-        stack = start_stack(StackConfig(model=args.local_model, draft=args.local_draft, http_port=free_port(),
-                                        grpc_port=free_port(), log_dir=log_dir))
+        stack = _start_local(args)
+        if stack is None:
+            return 1
         url = stack.url
     try:
         config = ChatConfig(url=url, api_key=args.api_key or os.environ.get("SSD_API_KEY", "none"),

@@ -2,7 +2,9 @@
 restarted), stop on Ctrl-C / SIGTERM (each child drains its in-flight requests within its grace period).
 
 The API key comes from a file (--api-key-file) or the environment (SSD_API_KEY) so it never shows in `ps`;
-the banner masks it.
+the banner masks it. A known model that is not cached is pulled first unless --offline / SSD_OFFLINE=1.
+Each service logs to a file of its own (--log-dir, default a fresh folder under the cache); a start that
+fails is one line naming the service, the cause and that file.
 """
 
 import argparse
@@ -10,13 +12,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
 from ssd.cli_flags import add_dtype_flag, add_step_flags
+from ssd.fetch import is_offline
 from ssd.model_store import DEFAULT_DRAFT
+from ssd.paths import cache_root
 from ssd.quant_flags import add_quantization_flag
 
 if TYPE_CHECKING:
@@ -59,7 +64,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--api-key-file", type=Path, default=None,
                    help="require the bearer key in this file (its first line); default: SSD_API_KEY, else auth off")
     add_tls_flags(s, os.environ)
-    s.add_argument("--log-dir", type=Path, default=None, help="write each service's log there")
+    s.add_argument("--log-dir", type=Path, default=None,
+                   help="write each service's log there (default: a new folder under ~/.cache/ssd-serve/logs)")
+    s.add_argument("--offline", action="store_true",
+                   help="never download: a model that is not cached is an error (also SSD_OFFLINE=1)")
     s.set_defaults(func=run_serve)
 
 
@@ -82,8 +90,14 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
                        tensor_parallel_size=args.tensor_parallel_size, compile=args.compile,
                        enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
-                       default_mode=args.default_mode, api_key=api_key(args, os.environ), log_dir=args.log_dir,
-                       tls=_tls(args), metrics_port=args.metrics_port)
+                       default_mode=args.default_mode, api_key=api_key(args, os.environ),
+                       log_dir=args.log_dir or default_log_dir(), tls=_tls(args), metrics_port=args.metrics_port,
+                       offline=args.offline or is_offline())
+
+
+def default_log_dir() -> Path:
+    """A fresh folder per `ssd serve` run: $SSD_CACHE/logs/serve-YYYYmmdd-HHMMSS."""
+    return cache_root() / "logs" / time.strftime("serve-%Y%m%d-%H%M%S")
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles:
@@ -113,7 +127,7 @@ def masked(key: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from deploy.local import start_stack, stop_stack  # noqa: PLC0415 - grpc only for this command
+    from deploy.local import StackStartError, start_stack, stop_stack  # noqa: PLC0415 - grpc only here
     from deploy.supervisor import Supervisor  # noqa: PLC0415
     from rpc.server import PortInUseError  # noqa: PLC0415
 
@@ -124,17 +138,16 @@ def run_serve(args: argparse.Namespace) -> int:
     if config.api_key is None:
         sys.stderr.write("ssd serve: warning: authentication is OFF (no --api-key-file / SSD_API_KEY): anyone who "
                          f"reaches {config.host}:{config.http_port} can use the API\n")
-    if config.log_dir is not None:
-        config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stack = start_stack(config)
-    except (PortInUseError, RuntimeError, TimeoutError) as e:  # one clear line, a non-zero exit
+    except (PortInUseError, StackStartError) as e:  # one clear line, a non-zero exit
         sys.stderr.write(f"ssd serve: cannot start: {e}\n")
         return 1
     sys.stdout.write(banner(stack.url, stack.grpc_address, args.model, config.api_key,
                             [c.metrics_url for c in stack.children if c.metrics_url]))
+    sys.stdout.write(f"Service logs: {config.log_dir}\n")
     sys.stdout.flush()
     try:
         Supervisor(stack).run(stop)

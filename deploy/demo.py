@@ -13,7 +13,8 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from deploy.local import StackConfig, default_tree_budget, free_port, start_stack, stop_stack
+from deploy.local import StackConfig, StackStartError, default_tree_budget, free_port, start_stack, stop_stack
+from ssd.fetch import is_offline
 from ssd.model_store import DEFAULT_DRAFT
 
 PROMPTS = [
@@ -54,10 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     config = StackConfig(model="smollm2-135m-instruct", draft=args.draft, dtype="auto",
                          tree_budget=default_tree_budget(args.draft), http_port=free_port(), grpc_port=free_port(),
-                         log_dir=log_dir)
+                         log_dir=log_dir, offline=is_offline())
     modes = modes_for(args.draft)
     _print(f"starting draft ({args.draft}), target and gateway (logs in {log_dir}/); modes {', '.join(modes)} ...\n")
-    stack = start_stack(config)
+    try:
+        stack = start_stack(config)  # pulls the model first when it is not cached (unless SSD_OFFLINE=1)
+    except StackStartError as e:
+        sys.stderr.write(f"demo: cannot start: {e}\n")
+        return 1
     try:
         client = OpenAI(base_url=stack.url + "/v1", api_key="local")
         rates: dict[str, list[float]] = {mode: [] for mode in modes}

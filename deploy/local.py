@@ -3,9 +3,14 @@
 On CPU each model service is pinned to a core of its own (os.sched_setaffinity) with one torch
 thread. Children are stopped by their pids (SIGTERM, then SIGKILL after a grace period). Each Child
 keeps how it was started, so deploy/supervisor.py can start it again on the same address.
+
+A known model that is not cached is pulled first, by the launcher (once, with a progress bar), unless
+the stack is offline. A start that fails raises StackStartError: one line naming the service, the cause
+(its log's last error) and the log file.
 """
 
 import itertools
+import json
 import os
 import signal
 import socket
@@ -23,6 +28,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rpc.server import check_port_free
 from rpc.tls import sync_channel
 from rpc.tls_files import TlsFiles
+from ssd.errors import SSDError
+from ssd.fetch import OFFLINE_ENV
+from ssd.model_store import ensure_model
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +75,15 @@ class StackConfig:
     health_interval_s: float = 0.5  # gateway's target polling period
     metrics_port: int = 0  # model services' /metrics: draft i on port + i, target i on port + num_drafts + i; 0 = free
     tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
+    offline: bool = False  # never pull a model: one not cached fails the start (the children get SSD_OFFLINE=1)
+
+
+class StackStartError(RuntimeError):
+    """A service of the stack could not start; the message is one line: service, cause, log."""
+
+
+class StackStartTimeout(StackStartError, TimeoutError):
+    """Services did not report SERVING in time."""
 
 
 @dataclass
@@ -81,6 +98,17 @@ class Child:
     started_at: float = field(default_factory=time.monotonic)
     num_restarts: int = 0
     metrics_url: str | None = None  # its Prometheus /metrics (model services: --metrics-port; the gateway's HTTP)
+    log_start: int = 0  # where this run's output begins in its log file
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.log_dir / f"{self.name}.log" if self.log_dir is not None else None
+
+    def failure(self, what: str) -> str:
+        """One line: `what` happened to this child, the last error its log shows, and where the log is."""
+        cause = last_error(self.log_path, self.log_start) if self.log_path is not None else None
+        where = f"log: {self.log_path}" if self.log_path is not None else "its output is above"
+        return f"{self.name} {what}" + (f": {cause}" if cause else "") + f" ({where})"
 
 
 @dataclass
@@ -125,16 +153,25 @@ def _popen(name: str, args: list[str], core: int | tuple[int, ...] | None, log_d
             out.close()  # the child has its own descriptor
 
 
+def _log_size(log_dir: Path | None, name: str) -> int:
+    try:
+        return (log_dir / f"{name}.log").stat().st_size if log_dir is not None else 0
+    except FileNotFoundError:
+        return 0
+
+
 def spawn(name: str, args: list[str], address: str, core: int | tuple[int, ...] | None, log_dir: Path | None,
           extra_env: dict[str, str] | None = None) -> Child:
     """Start `python -m <args>`; pin it to `core` (or cores) when given (model services also get --threads 1)."""
+    log_start = _log_size(log_dir, name)
     proc = _popen(name, args, core, log_dir, extra_env)
     log.info("started", service=name, pid=proc.pid, address=address, core=core)
-    return Child(name, proc, address, list(args), core, log_dir, extra_env)
+    return Child(name, proc, address, list(args), core, log_dir, extra_env, log_start=log_start)
 
 
 def respawn(child: Child) -> None:
     """Start an exited child again, the same way and on the same address (its peers reconnect to it)."""
+    child.log_start = _log_size(child.log_dir, child.name)
     child.proc = _popen(child.name, child.args, child.core, child.log_dir, child.extra_env)
     child.started_at = time.monotonic()
     child.num_restarts += 1
@@ -159,7 +196,7 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None, index: 
             "--device", c.device, "--threads", "1", "--metrics-port", str(metrics_port), *c.tls.as_args()]
     if c.draft != "ngram":
         args += ["--target-model", c.model]
-    child = spawn(draft_name(index), args, address, core, c.log_dir)
+    child = spawn(draft_name(index), args, address, core, c.log_dir, _offline_env(c))
     child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
     return child
@@ -184,11 +221,15 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
         args.append("--enforce-eager")
     for draft_address in stack.draft_addresses:
         args += ["--draft-address", draft_address]
-    child = spawn(f"target-{index}", args, address, core, c.log_dir)
+    child = spawn(f"target-{index}", args, address, core, c.log_dir, _offline_env(c))
     child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
     stack.target_addresses.append(address)
     return child
+
+
+def _offline_env(config: StackConfig) -> dict[str, str] | None:
+    return {OFFLINE_ENV: "1"} if config.offline else None
 
 
 def start_gateway(stack: Stack) -> Child:
@@ -221,18 +262,54 @@ def wait_healthy(children: list[Child], timeout_s: float, tls: TlsFiles | None =
     while pending:
         for child in list(pending):
             if child.proc.poll() is not None:
-                raise RuntimeError(f"{child.name} exited with code {child.proc.returncode} while starting")
+                raise StackStartError(child.failure(f"exited with code {child.proc.returncode} while starting"))
             if is_serving(child.address, tls=tls):
                 pending.remove(child)
         if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {[c.name for c in pending]}")
+            raise StackStartTimeout(pending[0].failure(f"was not healthy after {timeout_s:.0f} s"))
         time.sleep(0.2)
+
+
+def last_error(log_path: Path, start: int = 0) -> str | None:
+    """The last error in a service's log from byte `start` on: its last JSON line at level error (`event: error`),
+    else its last line (a traceback ends with the exception); None for an empty or missing log."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("level") in ("error", "critical"):
+            parts = [str(event.get("event", "")), str(event.get("error", ""))]
+            return ": ".join(p for p in parts if p)[:500]
+    return lines[-1][:500] if lines else None
+
+
+def ensure_models(config: StackConfig) -> None:
+    """Pull the stack's known models that are not cached yet (unless offline), before any service starts, so
+    the services never pull at once. Raises StackStartError, naming the model's role, when one is missing."""
+    roles = [("target model", config.model)]
+    if config.draft not in (None, "ngram"):
+        roles.append(("draft", config.draft))
+    for role, name in roles:
+        try:
+            ensure_model(name, offline=config.offline)
+        except SSDError as e:
+            raise StackStartError(f"{role}: {e}") from None
 
 
 def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     """Start every service and return once all report SERVING (and the gateway sees a target)."""
     for port in (config.http_port, config.grpc_port):  # the gateway's public ports: fail now, in one line
         check_port_free(f"{config.host}:{port}")
+    ensure_models(config)
+    if config.log_dir is not None:
+        config.log_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(config)
     cores = _cores() if config.device == "cpu" else []  # on a GPU the services are not pinned
     next_core = iter(cores if len(cores) > 1 else [])
@@ -272,7 +349,7 @@ def _wait_http(url: str, timeout_s: float) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {timeout_s:.0f} s")
+    raise StackStartTimeout(f"gateway: {url} not healthy after {timeout_s:.0f} s")
 
 
 def stop_child(child: Child, grace_s: float = 10.0) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from deploy.local import Child, Stack, respawn
+from deploy.local import Child, Stack, last_error, respawn
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +48,9 @@ class Supervisor:
                 self._quick_exits[child.name] = self._quick_exits.get(child.name, 0) + 1
                 self._restart_at[child.name] = now + wait_s
                 log.warning("service exited; restarting it", service=child.name, pid=child.proc.pid,
-                            exit_code=child.proc.returncode, ran_s=round(ran_s, 1), backoff_s=wait_s)
+                            exit_code=child.proc.returncode, ran_s=round(ran_s, 1), backoff_s=wait_s,
+                            cause=last_error(child.log_path, child.log_start) if child.log_path else None,
+                            log=str(child.log_path) if child.log_path else None)
             elif now >= self._restart_at[child.name]:
                 del self._restart_at[child.name]
                 respawn(child)

@@ -18,7 +18,7 @@ from draft_service.config import DraftServiceConfig
 from ssd.errors import CheckpointError, InvalidRequestError
 from ssd.loader.safetensors_loader import checkpoint_files
 from ssd.model_config import load_model_config
-from ssd.model_store import resolve_model
+from ssd.model_store import ensure_model
 from ssd.sampling.grammar import GrammarCompiler
 from ssd.speculation.draft_model import DraftModelProposer
 from ssd.speculation.factory import branch_drafter_for, is_eagle3_folder
@@ -49,7 +49,7 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     if config.draft == "ngram":
         return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
     device = torch.device(config.device)
-    path = resolve_model(config.draft)
+    path = ensure_model(config.draft)  # a known model not cached yet is pulled (unless SSD_OFFLINE=1)
     if is_eagle3_folder(path):
         draft = build_eagle3(path, config)
     else:
@@ -85,7 +85,7 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
         raise InvalidRequestError(
             f"{path} is an EAGLE-3 head: it drafts from its target's features and embedding, so the draft "
             "service needs the target checkpoint too: pass --target-model (or SSD_DRAFT_TARGET_MODEL)")
-    target = resolve_model(config.target_model)
+    target = ensure_model(config.target_model)
     target_config = load_model_config(target)
     embedding = load_target_embedding(target)  # [V, d]
     if embedding.shape != (target_config.vocab_size, target_config.hidden_size):

@@ -1,5 +1,7 @@
 """The ghz report: the same JSON keys and units (durations in nanoseconds, histogram marks in seconds),
-plus a `streaming` section (TTFT and inter-token latency) that ghz readers ignore, and ghz's text summary.
+plus a `streaming` section (TTFT and inter-token latency; for client / bidi streams the messages sent and
+received, and in lockstep each message's round trip to its reply) that ghz readers ignore, and ghz's text
+summary.
 
 Latency statistics cover successful calls only (ghz's default, without --count-errors); `count`
 and `rps` cover every call.
@@ -8,6 +10,7 @@ and `rps` cover every call.
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 
 import grpc
 
@@ -51,9 +54,17 @@ def _summary_stats(values: list[float]) -> dict:
 
 
 def _options(opts: LoadOptions) -> dict:
-    return {"call": opts.call, "host": opts.host, "insecure": opts.is_insecure, "concurrency": opts.concurrency,
-            "total": opts.total, "duration": _ns(opts.duration_s or 0), "rps": opts.rps or 0,
-            "connections": opts.connections, "timeout": _ns(opts.timeout_s), "data": opts.data}
+    options = {"call": opts.call, "host": opts.host, "insecure": opts.is_insecure, "concurrency": opts.concurrency,
+               "total": opts.total, "duration": _ns(opts.duration_s or 0), "rps": opts.rps or 0,
+               "connections": opts.connections, "timeout": _ns(opts.timeout_s), "data": opts.data}
+    extra = {"data-file": opts.data_file, "proto": opts.proto, "protoset": opts.protoset,
+             "import-paths": list(map(str, opts.import_paths)) or None,
+             "stream-interval": _ns(opts.stream_interval_s) or None,
+             "stream-call-count": opts.stream_call_count or None,
+             "stream-call-duration": _ns(opts.stream_call_duration_s) if opts.stream_call_duration_s else None,
+             "stream-dynamic-messages": opts.is_stream_dynamic or None, "lockstep-field": opts.lockstep_field}
+    return options | {key: str(value) if isinstance(value, Path) else value
+                      for key, value in extra.items() if value is not None}
 
 
 def build_report(run: RunResult, opts: LoadOptions) -> dict:
@@ -80,6 +91,13 @@ def build_report(run: RunResult, opts: LoadOptions) -> dict:
         ttft = [r.ttft_s for r in run.results if r.ttft_s is not None]
         gaps = [g for r in run.results for g in r.token_gaps_s]
         report["streaming"] = {"ttft": _summary_stats(ttft), "interTokenLatency": _summary_stats(gaps)}
+    if run.kind in ("client_streaming", "bidi"):
+        ok_calls = [r for r in run.results if r.status == grpc.StatusCode.OK]
+        trips = [t for r in ok_calls for t in r.round_trips_s]
+        report.setdefault("streaming", {}).update({
+            "messagesSent": sum(r.num_sent for r in run.results),
+            "messagesReceived": sum(r.num_received for r in run.results),
+            "roundTrip": _summary_stats(trips)})
     return report
 
 
@@ -103,9 +121,12 @@ def format_summary(report: dict) -> str:
         lines += [f"  {d['percentage']} % in {_fmt(d['latency'])} " for d in report["latencyDistribution"]]
         lines.append("")
     for name, stats in report.get("streaming", {}).items():
-        if stats["count"]:
+        if isinstance(stats, dict) and stats["count"]:
             dist = ", ".join(f"p{d['percentage']} {_fmt(d['latency'])}" for d in stats["latencyDistribution"])
             lines.append(f"Streaming {name}: average {_fmt(stats['average'])} ({dist})")
+    if "messagesSent" in report.get("streaming", {}):
+        stream = report["streaming"]
+        lines.append(f"Stream messages: {stream['messagesSent']} sent, {stream['messagesReceived']} received")
     lines.append("Status code distribution:")
     lines += [f"  [{code}]\t{n} responses" for code, n in report["statusCodeDistribution"].items()]
     if report["errorDistribution"]:

