@@ -50,8 +50,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     s.add_argument("--grpc-port", type=int, default=50050, help="port of the public Generation gRPC API")
     s.add_argument("--metrics-port", type=int, default=0,
-                   help="Prometheus /metrics of the model services: the draft on this port, target i on port + 1 + i "
-                        "(0 = free ports; the banner lists them; the gateway's is on --port)")
+                   help="Prometheus /metrics of the model services: draft i on port + i, target i on port + DRAFTS "
+                        "+ i (0 = free ports; the banner lists them; the gateway's is on --port)")
     s.add_argument("--k", type=int, default=4, help="lookahead K (a token tree's depth)")
     s.add_argument("--tree-budget", type=int, default=None,
                    help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains); "
