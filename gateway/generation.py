@@ -185,6 +185,7 @@ class TextGenerator:
         num_tokens, last_time, tried, sent_prompt, num_cached = 0, None, set(), False, 0
         series = self.metrics.for_model(self.model_name)
         series.prompt_tokens.inc(len(ids))
+        series.request_max_tokens.observe(params.max_tokens)
         if params.HasField("grammar"):
             self.metrics.constrained.labels(params.grammar.WhichOneof("kind") or "none").inc()
         while True:
@@ -238,6 +239,8 @@ class TextGenerator:
     def _finished(self, delta: TextDelta, start: float, series: ModelSeries) -> None:
         """Request-level metrics; the speculation counters are the target's (its own /metrics)."""
         series.e2e.observe(time.perf_counter() - start)
+        series.request_prompt_tokens.observe(delta.prompt_tokens)
+        series.request_generation_tokens.observe(delta.completion_tokens)
         series.success[delta.finish_reason].inc()
         log.info("finished", finish_reason=delta.finish_reason, prompt_tokens=delta.prompt_tokens,
                  completion_tokens=delta.completion_tokens, cached_prompt_tokens=delta.cached_prompt_tokens)

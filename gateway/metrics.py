@@ -23,6 +23,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                            240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's 1-2-5 series for token counts; vLLM stops it at max_model_len, known here only once a target answers
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
 FINISH_REASONS = ("stop", "length", "abort")  # vLLM's finished_reason values, and ours
 
 
@@ -57,6 +59,9 @@ class ModelSeries:
     e2e: Histogram
     prompt_tokens: Counter
     generation_tokens: Counter
+    request_prompt_tokens: Histogram
+    request_generation_tokens: Histogram
+    request_max_tokens: Histogram
     success: dict[str, Counter]  # finished_reason -> counter
 
 
@@ -76,6 +81,14 @@ class GatewayMetrics:
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", label, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", label,
                                          registry=r)
+        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               label, registry=r, buckets=TOKEN_BUCKETS)
+        self.request_generation_tokens = Histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.", label, registry=r,
+                                                   buckets=TOKEN_BUCKETS)
+        self.request_max_tokens = Histogram("vllm:request_params_max_tokens",
+                                            "Histogram of the max_tokens request parameter.", label, registry=r,
+                                            buckets=TOKEN_BUCKETS)
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                [*label, "finished_reason"], registry=r)
         self.errors = Counter("ssd_request_errors", "Failed requests", ["code"], registry=r)
@@ -97,6 +110,9 @@ class GatewayMetrics:
         """The series labelled `model_name` (made at zero on first use, as vLLM makes them at start-up)."""
         return ModelSeries(self.ttft.labels(model_name), self.itl.labels(model_name), self.e2e.labels(model_name),
                            self.prompt_tokens.labels(model_name), self.generation_tokens.labels(model_name),
+                           self.request_prompt_tokens.labels(model_name),
+                           self.request_generation_tokens.labels(model_name),
+                           self.request_max_tokens.labels(model_name),
                            {reason: self.success.labels(model_name, reason) for reason in FINISH_REASONS})
 
     def watch(self, admission: Admission) -> None:

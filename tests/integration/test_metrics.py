@@ -13,7 +13,9 @@ pytestmark = pytest.mark.model
 
 GATEWAY = {"vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
            "vllm:e2e_request_latency_seconds": "histogram", "vllm:prompt_tokens": "counter",
-           "vllm:generation_tokens": "counter", "vllm:request_success": "counter"}
+           "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
+           "vllm:request_prompt_tokens": "histogram", "vllm:request_generation_tokens": "histogram",
+           "vllm:request_params_max_tokens": "histogram"}
 TARGET = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
           "vllm:kv_cache_usage_perc": "gauge", "vllm:prefix_cache_queries": "counter",
           "vllm:prefix_cache_hits": "counter", "vllm:spec_decode_num_drafts": "counter",
