@@ -22,9 +22,10 @@ from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
 from ssd.config import TreeShape
-from ssd.errors import InvalidRequestError, ResourceExhaustedError
+from ssd.errors import InvalidRequestError, ResourceExhaustedError, UnknownSequenceError
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
 from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Speculation
 from ssd.speculation.ssd_speculator import BuildJob, SsdSpeculator
 from tensor_transport import torch_tensors
@@ -114,7 +115,7 @@ class Session:
         self._said_grammar = False  # the first sequence drafted under its grammar is logged once per session
 
     def _proposer_of(self, seq: DraftSequence) -> Proposer:
-        """The SsdSpeculator for SSD sequences (it delegates commit / release to the neural draft)."""
+        """The SsdSpeculator for SSD sequences (it delegates observe / release to the neural draft)."""
         return self.ssd if seq.is_ssd and self.ssd is not None else self.proposer
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
@@ -169,18 +170,19 @@ class Session:
     def _outcome(self, o: draft_pb2.Outcome) -> DraftSequence:
         seq = self.seqs.get(o.seq_id)
         if seq is None:
-            raise KeyError(f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
+            raise UnknownSequenceError(f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
         if not 0 <= o.num_committed_before <= len(seq.token_ids):
             raise InvalidRequestError(f"sequence {o.seq_id}: num_committed_before {o.num_committed_before} "
                                       f"is past the {len(seq.token_ids)} tokens the draft holds")
         check_tokens(o.new_token_ids, self.vocab_size, self.limits, o.num_committed_before + len(o.new_token_ids))
         if seq.grammar is not None and o.num_committed_before < len(seq.token_ids):
             seq.grammar = None  # its matcher cannot step back over dropped tokens: draft on without it
+        outcome = round_outcome(seq.internal_id, o)
         del seq.token_ids[o.num_committed_before :]
         seq.token_ids.extend(o.new_token_ids)
         seq.num_features = min(seq.num_features, o.num_committed_before)  # features past it were of dropped tokens
         self._features(seq, o)
-        self._proposer_of(seq).commit(seq.internal_id, len(seq.token_ids))
+        self._proposer_of(seq).observe(seq.internal_id, outcome)
         return seq
 
     def _apply(self, round_: draft_pb2.Round, out: draft_pb2.Speculations) -> list[tuple[int, DraftSequence]]:
@@ -196,12 +198,10 @@ class Session:
                 self.release([p.seq_id])
                 out.errors.add(seq_id=p.seq_id, code=_code(e), message=str(e))
         for o in round_.outcomes:
-            if o.seq_id not in self.seqs:
-                out.errors.add(seq_id=o.seq_id, code="NOT_FOUND",
-                               message=f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
-                continue
             try:
                 ready.append((o.seq_id, self._outcome(o)))
+            except UnknownSequenceError as e:
+                out.errors.add(seq_id=o.seq_id, code="NOT_FOUND", message=str(e))
             except InvalidRequestError as e:
                 self.release([o.seq_id])  # its tokens or features are no longer known: the target re-sends a Prefill
                 out.errors.add(seq_id=o.seq_id, code="INVALID_ARGUMENT", message=str(e))
@@ -288,6 +288,19 @@ class Session:
     def close(self) -> None:
         self.release(list(self.seqs))
         self.tensors.close()  # unlinks this session's shared-memory segment, if any
+
+
+def round_outcome(internal_id: int, o: draft_pb2.Outcome) -> RoundOutcome:
+    """The target's outcome as the proposer takes it; InvalidRequestError if its k or bonus contradict its tokens."""
+    k, new = o.num_accepted, list(o.new_token_ids)
+    if k < NO_SPECULATION or k > len(new) - 1:
+        raise InvalidRequestError(f"sequence {o.seq_id}: num_accepted {k} with {len(new)} new tokens")
+    if k >= 0 and o.bonus_token != new[-1]:
+        raise InvalidRequestError(f"sequence {o.seq_id}: bonus_token {o.bonus_token} is not the last new token")
+    own = o.num_own_accepted if o.HasField("num_own_accepted") else None
+    if own is not None and not 0 <= own <= max(k, 0):
+        raise InvalidRequestError(f"sequence {o.seq_id}: num_own_accepted {own} with num_accepted {k}")
+    return RoundOutcome(internal_id, o.num_committed_before, new, k, own)
 
 
 def _code(error: Exception) -> str:

@@ -2,7 +2,8 @@
 
 Propose (draft), verify every sequence's chain or tree in ONE target forward, accept a prefix and
 sample the bonus token exactly (ssd/speculation/verification.py), keep only the accepted path's KV, and
-hand the proposer what it needs for the next round (committed length, target features).
+return each sequence's RoundOutcome (k accepted as the verifier counted them, grammar splices included, and the
+bonus token), which the engine hands the proposer once committed (`observe`), with the target features.
 """
 
 import dataclasses
@@ -22,6 +23,7 @@ from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
 from ssd.speculation.metrics import SpecCounters
 from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Outcome, Speculation
 from ssd.speculation.verification import verify_greedy, verify_sampled
 
@@ -92,9 +94,13 @@ class SpeculativeDecoder:
         positions = [start, *(start + d for d in spec.depths())]
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
-    def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[list[int]], list[list[TokenLogprob] | None]]:
-        """Accepted tokens + bonus token per sequence (before stop / length truncation), and their logprobs
-        for the sequences that asked (None for the others)."""
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Hand a live sequence's committed round to the proposer (once per round)."""
+        self.proposer.observe(outcome.seq_id, outcome)
+
+    def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
+        """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
+        the logprobs of those tokens for the sequences that asked (None for the others)."""
         started = time.perf_counter()
         asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
@@ -120,7 +126,7 @@ class SpeculativeDecoder:
                 for counters in (self.counters, seq.spec_counters):
                     counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
                                     spec.predicted_hit)
-            results.append(outcome.tokens)
+            results.append(self._round_outcome(seq, spec, outcome, seq.seq_id in proposed))
             if seq.params.logprobs is None:
                 logprobs.append(None)
             else:  # token i was drawn at its parent: the root, then each accepted node
@@ -129,19 +135,29 @@ class SpeculativeDecoder:
             offset += n
         return results, logprobs
 
+    @staticmethod
+    def _round_outcome(seq: Sequence, spec: Speculation, outcome: Outcome, proposed: bool) -> RoundOutcome:
+        """The outcome as the proposer sees it: k counts spliced tokens too; `num_own_accepted` says how many of
+        them it drafted itself. A sequence that was not proposed for verified no speculation of the proposer's."""
+        if not proposed:
+            return RoundOutcome.plain(seq.seq_id, seq.num_tokens, outcome.tokens)
+        return RoundOutcome(seq.seq_id, seq.num_tokens, outcome.tokens, outcome.num_accepted, spec.num_own)
+
     def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
         """Structured output: splice the grammar's forced tokens into the speculation, wherever they fall (a
-        spliced token is always accepted; in a chain its q row is one-hot). SSD too: its draft reads the outcome
-        off the committed tokens, and one that left its speculation is a miss there."""
+        spliced token is always accepted; in a chain its q row is one-hot). `num_own` marks where the proposer's own
+        tokens end (SSD: an outcome past it is a miss on the draft)."""
         if seq.grammar is None:
             return spec
         if spec.is_tree:
             tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(),
                                                       self.lookahead_slots)  # the KV slots reserved for the round
-            return dataclasses.replace(spec, tokens=tokens, parents=parents, q=None)
+            own = None if (tokens, parents) == (spec.tokens, spec.parent_list()) else 0  # nodes renumbered
+            return dataclasses.replace(spec, tokens=tokens, parents=parents, q=None, num_own=own)
         chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
         if [t for t, _ in chain] == spec.tokens:
             return spec
+        num_own = next((i for i, (_, own) in enumerate(chain) if not own), len(chain))
         q = None
         if spec.q is not None:  # [n, V]: the draft's own rows, one-hot rows for spliced tokens
             q = torch.zeros(len(chain), spec.q.shape[1], dtype=spec.q.dtype)
@@ -150,7 +166,7 @@ class SpeculativeDecoder:
                     q[i] = spec.q[i]
                 else:
                     q[i, token] = 1.0
-        return dataclasses.replace(spec, tokens=[t for t, _ in chain], q=q)  # an SSD cache hit stays one
+        return dataclasses.replace(spec, tokens=[t for t, _ in chain], q=q, num_own=num_own)  # a hit stays one
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""

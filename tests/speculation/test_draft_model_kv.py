@@ -7,6 +7,7 @@ import torch
 from ssd.model_config import load_model_config
 from ssd.speculation.draft_model import DraftModelProposer
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 
 
 def test_a_committed_token_the_draft_did_not_draft_is_recomputed(models):
@@ -22,5 +23,5 @@ def test_a_committed_token_the_draft_did_not_draft_is_recomputed(models):
     drafted = used.propose([ProposeRequest(1, prompt, 3, 0.0, torch.Generator())])[0].tokens
     spliced = (drafted[0] + 1) % vocab  # committed where the draft's first token was: KV holds drafted[0] there
     committed = [*prompt, spliced, drafted[1]]  # the spliced token, then the bonus
-    used.commit(1, len(committed))
+    used.observe(1, RoundOutcome(1, len(prompt), committed[len(prompt):], num_accepted=1, num_own_accepted=0))
     torch.testing.assert_close(chain(used, committed), chain(proposer(), committed))
