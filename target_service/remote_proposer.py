@@ -2,9 +2,9 @@
 
 Called from the engine thread only. The DraftPool (draft_pool.py) says which draft session each sequence
 is on; each `propose` sends one Round per session holding part of the batch (prefills for sequences that
-draft has not seen, for the others an Outcome: the new tokens and the verifier's k and bonus, copied as is), then waits for each Speculations with the same
-round id. If a draft is unreachable, slow past the timeout, or its stream breaks, the affected rounds get
-empty speculations (a plain decode step: output is unchanged), its sequences move to another healthy
+draft has not seen, for the others an Outcome: the new tokens and the verifier's k and bonus, copied as is),
+then waits for each Speculations with the same round id. If a draft is unreachable, slow past the timeout, or
+its stream breaks, the affected rounds get empty speculations (a plain decode step: output is unchanged), its sequences move to another healthy
 draft (re-sent there as Prefills), and a background thread reopens its session.
 
 A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the

@@ -165,7 +165,8 @@ class LLMEngine:
             if not batch.seqs:
                 return []
             tokens, new_logprobs = self._sample(batch, items, logits)
-            outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens, strict=True)]
+            outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens,
+                                                                                        strict=True)]
         return self._commit(batch, outcomes, new_logprobs)
 
     def _forward(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[ForwardItem], torch.Tensor]:
@@ -242,7 +243,7 @@ class LLMEngine:
                 self.seqs.pop(seq.seq_id, None)
                 spec = seq.spec_counters.as_dict() if seq.spec_counters.num_drafts else None
             elif self.spec is not None:  # not truncated: a truncated round finished the sequence
-                self.spec.observe(outcome)
+                self.spec.proposer.observe(seq.seq_id, outcome)
             outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,
                                       None if logprobs is None else logprobs[: len(emitted)], prompt_logprobs))
         return outputs

@@ -2,8 +2,7 @@
 
 Propose (draft), verify every sequence's chain or tree in ONE target forward, accept a prefix and
 sample the bonus token exactly (ssd/speculation/verification.py), keep only the accepted path's KV, and
-return each sequence's RoundOutcome (k accepted as the verifier counted them, grammar splices included, and the
-bonus token), which the engine hands the proposer once committed (`observe`), with the target features.
+return each sequence's RoundOutcome, which the engine hands the proposer once committed (`observe`).
 """
 
 import dataclasses
@@ -24,7 +23,7 @@ from ssd.sampling.sampler import target_probs
 from ssd.speculation.feature_log import FeatureLog
 from ssd.speculation.metrics import SpecCounters
 from ssd.speculation.proposer import Proposer, ProposeRequest
-from ssd.speculation.round_outcome import RoundOutcome
+from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Outcome, Speculation
 from ssd.speculation.verification import verify_greedy, verify_sampled
 
@@ -87,10 +86,6 @@ class SpeculativeDecoder:
         positions = [start, *(start + d for d in spec.depths())]
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
-    def observe(self, outcome: RoundOutcome) -> None:
-        """Hand a live sequence's committed round to the proposer (once per round)."""
-        self.proposer.observe(outcome.seq_id, outcome)
-
     def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
         """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
         the logprobs of those tokens for the sequences that asked (None for the others)."""
@@ -119,7 +114,8 @@ class SpeculativeDecoder:
                 for counters in (self.counters, seq.spec_counters):
                     counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
                                     spec.predicted_hit)
-            results.append(self._round_outcome(seq, spec, outcome, seq.seq_id in proposed))
+            k_seen = outcome.num_accepted if seq.seq_id in proposed else NO_SPECULATION  # splices included
+            results.append(RoundOutcome(seq.seq_id, seq.num_tokens, outcome.tokens, k_seen, spec.num_own))
             if seq.params.logprobs is None:
                 logprobs.append(None)
             else:  # token i was drawn at its parent: the root, then each accepted node
@@ -127,14 +123,6 @@ class SpeculativeDecoder:
                 logprobs.append(token_logprobs(parents, outcome.tokens, seq.params.logprobs))
             offset += n
         return results, logprobs
-
-    @staticmethod
-    def _round_outcome(seq: Sequence, spec: Speculation, outcome: Outcome, proposed: bool) -> RoundOutcome:
-        """The outcome as the proposer sees it: k counts spliced tokens too; `num_own_accepted` says how many of
-        them it drafted itself. A sequence that was not proposed for verified no speculation of the proposer's."""
-        if not proposed:
-            return RoundOutcome.plain(seq.seq_id, seq.num_tokens, outcome.tokens)
-        return RoundOutcome(seq.seq_id, seq.num_tokens, outcome.tokens, outcome.num_accepted, spec.num_own)
 
     def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
         """Structured output: splice the grammar's forced tokens into the speculation, wherever they fall (a

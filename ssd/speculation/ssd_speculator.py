@@ -1,7 +1,7 @@
 """The draft side of SSD (SSD.md sections 2-5): answer from the speculation cache, then build the next one.
 
-`answer` handles one round for a batch: it looks up each sequence's outcome (k accepted, bonus), as the
-verifier counted it and `observe` handed it over, returns the cached speculation for that key (a hit) or a backup (a miss: the neural draft
+`answer` handles one round for a batch: it takes each sequence's outcome (k accepted, bonus) as the verifier
+counted it (`observe`), returns the cached speculation for that key (a hit) or a backup (a miss: the neural draft
 now for small batches, n-gram lookup above; only the sequences that missed), and remembers what it returned.
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
@@ -124,8 +124,7 @@ class SsdSpeculator:
         state = self.seqs.get(seq_id)
         if state is not None:
             fresh = not state.observed and outcome.is_own_speculation  # the round that verified the last answer
-            state.outcome = (outcome.num_accepted, outcome.bonus_token) if fresh else None
-            state.observed = True
+            state.outcome, state.observed = (outcome.num_accepted, outcome.bonus_token) if fresh else None, True
         self.neural.observe(seq_id, outcome)
 
     def release(self, seq_id: int) -> None:
