@@ -20,7 +20,6 @@ from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
-from ssd.speculation.feature_log import FeatureLog
 from ssd.speculation.metrics import SpecCounters
 from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
@@ -36,7 +35,6 @@ class SpeculativeDecoder:
         self.runner = runner
         self.block_manager = block_manager
         self.counters = SpecCounters()
-        self.features: dict[int, FeatureLog] = {}  # seq id -> its target features on their way to the proposer
         # With prefix caching, the target features of every committed position, kept beside its KV block: a prompt
         # whose first blocks the prefix cache serves gets their features from here (the proposer needs them all).
         self.feature_cache = (FeatureCache(block_manager.num_blocks, block_manager.block_size)
@@ -55,7 +53,7 @@ class SpeculativeDecoder:
     def add_features(self, seq: Sequence, start: int, features: torch.Tensor) -> None:
         """Queue target features [n, F] of positions start.. for the proposer (later ones overwrite earlier), first
         restoring those of positions the prefix cache served before `start`, and keep them beside the KV."""
-        log = self.features.setdefault(seq.seq_id, FeatureLog())
+        log = seq.features
         if self.feature_cache is not None and start > log.end:  # a prefix-cache hit: those positions were not run
             log.add(log.end, self.feature_cache.read(seq.block_table, log.end, start))
         if self.feature_cache is not None:
@@ -63,14 +61,12 @@ class SpeculativeDecoder:
         log.add(start, features)
 
     def release(self, seq_id: int) -> None:
-        self.features.pop(seq_id, None)
         self.proposer.release(seq_id)
 
     def _request(self, seq: Sequence, k: int) -> ProposeRequest:
         p = seq.params
         dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
-        log = self.features.get(seq.seq_id)
-        start, features = log.take() if log is not None else (0, None)
+        start, features = seq.features.take()
         grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
                               features, start, ssd=p.ssd, grammar=grammar)
