@@ -12,7 +12,7 @@ from its speculation cache; `answer` returns the cache build to run after the an
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import torch
@@ -22,9 +22,11 @@ from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
 from ssd.config import TreeShape
-from ssd.errors import InvalidRequestError, ResourceExhaustedError
+from ssd.errors import InvalidRequestError, ResourceExhaustedError, UnknownSequenceError
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
+from ssd.speculation.feature_log import FeatureLog
 from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Speculation
 from ssd.speculation.ssd_speculator import BuildJob, SsdSpeculator
 from tensor_transport import torch_tensors
@@ -41,31 +43,16 @@ class DraftSequence:
     token_ids: list[int]  # committed tokens (prompt + output)
     temperature: float  # draft sampling temperature
     generator: torch.Generator  # the draft's random stream for this sequence
-    num_features: int = 0  # positions 0.. whose target features arrived, without a gap
-    pending: tuple[int, torch.Tensor] | None = None  # (first position, [n, F]) not yet given to the proposer
+    features: FeatureLog = field(default_factory=FeatureLog)  # target features arrived, not yet proposed from
     is_ssd: bool = False  # answered from the SSD speculation cache (its Prefill asked, and the draft is neural)
     grammar: GrammarState | None = None  # structured output: the Prefill's grammar, compiled here
     answer_start: int = 0  # where the answer starts in token_ids (the grammar follows the tokens from there)
 
-    def add_features(self, start: int, features: torch.Tensor) -> None:
-        """Queue features of positions start..; a gap after the covered positions is never filled."""
-        if start > self.num_features:
-            return  # positions num_features..start-1 are missing: the sequence stays undraftable
-        if self.pending is not None and self.pending[0] <= start:
-            first, old = self.pending
-            features, start = torch.cat([old[: start - first], features]), first
-        self.pending = (start, features)
-        self.num_features = start + len(features)
-
     @property
     def has_features(self) -> bool:
-        """Whether every position but the last (its features come with its verify) has target features."""
-        return self.num_features >= max(1, len(self.token_ids) - 1)
-
-    def take_features(self) -> tuple[int, torch.Tensor | None]:
-        start, features = self.pending if self.pending is not None else (0, None)
-        self.pending = None
-        return start, features
+        """Whether every position but the last (its features come with its verify) has target features (a gap
+        is never filled: the sequence then stays undraftable)."""
+        return self.features.end >= max(1, len(self.token_ids) - 1)
 
 
 def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors,
@@ -114,14 +101,14 @@ class Session:
         self._said_grammar = False  # the first sequence drafted under its grammar is logged once per session
 
     def _proposer_of(self, seq: DraftSequence) -> Proposer:
-        """The SsdSpeculator for SSD sequences (it delegates commit / release to the neural draft)."""
+        """The SsdSpeculator for SSD sequences (it delegates observe / release to the neural draft)."""
         return self.ssd if seq.is_ssd and self.ssd is not None else self.proposer
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
             features = features_from(msg.features, self.feature_width, self.tensors, self.device)  # [n, F]
             check_feature_rows(len(features), msg.features_start, len(seq.token_ids))
-            seq.add_features(msg.features_start, features)
+            seq.features.add(msg.features_start, features)
 
     def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
         """A new sequence; InvalidRequestError / ResourceExhaustedError refuse it (nothing is registered)."""
@@ -146,7 +133,7 @@ class Session:
         if self.feature_width and not seq.has_features:
             log.info("no target features for the prompt; this sequence gets no speculation",
                      target=self.target_id, seq_id=p.seq_id, num_tokens=len(seq.token_ids),
-                     num_features=seq.num_features)
+                     num_features=seq.features.end)
         return seq
 
     def _grammar(self, p: draft_pb2.Prefill) -> GrammarState | None:
@@ -169,18 +156,19 @@ class Session:
     def _outcome(self, o: draft_pb2.Outcome) -> DraftSequence:
         seq = self.seqs.get(o.seq_id)
         if seq is None:
-            raise KeyError(f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
+            raise UnknownSequenceError(f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
         if not 0 <= o.num_committed_before <= len(seq.token_ids):
             raise InvalidRequestError(f"sequence {o.seq_id}: num_committed_before {o.num_committed_before} "
                                       f"is past the {len(seq.token_ids)} tokens the draft holds")
         check_tokens(o.new_token_ids, self.vocab_size, self.limits, o.num_committed_before + len(o.new_token_ids))
         if seq.grammar is not None and o.num_committed_before < len(seq.token_ids):
             seq.grammar = None  # its matcher cannot step back over dropped tokens: draft on without it
+        outcome = round_outcome(seq.internal_id, o)
         del seq.token_ids[o.num_committed_before :]
         seq.token_ids.extend(o.new_token_ids)
-        seq.num_features = min(seq.num_features, o.num_committed_before)  # features past it were of dropped tokens
+        seq.features.truncate(o.num_committed_before)  # features past it were of dropped tokens
         self._features(seq, o)
-        self._proposer_of(seq).commit(seq.internal_id, len(seq.token_ids))
+        self._proposer_of(seq).observe(seq.internal_id, outcome)
         return seq
 
     def _apply(self, round_: draft_pb2.Round, out: draft_pb2.Speculations) -> list[tuple[int, DraftSequence]]:
@@ -196,12 +184,10 @@ class Session:
                 self.release([p.seq_id])
                 out.errors.add(seq_id=p.seq_id, code=_code(e), message=str(e))
         for o in round_.outcomes:
-            if o.seq_id not in self.seqs:
-                out.errors.add(seq_id=o.seq_id, code="NOT_FOUND",
-                               message=f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
-                continue
             try:
                 ready.append((o.seq_id, self._outcome(o)))
+            except UnknownSequenceError as e:
+                out.errors.add(seq_id=o.seq_id, code="NOT_FOUND", message=str(e))
             except InvalidRequestError as e:
                 self.release([o.seq_id])  # its tokens or features are no longer known: the target re-sends a Prefill
                 out.errors.add(seq_id=o.seq_id, code="INVALID_ARGUMENT", message=str(e))
@@ -274,7 +260,7 @@ class Session:
             self.last_build_s = time.perf_counter() - started
 
     def _request(self, seq: DraftSequence, k: int, tree: TreeShape | None) -> ProposeRequest:
-        features_start, features = seq.take_features()  # [n, F] or None
+        features_start, features = seq.features.take()  # [n, F] or None
         grammar = AnswerGrammar(seq.grammar, seq.token_ids[seq.answer_start :]) if seq.grammar is not None else None
         return ProposeRequest(seq.internal_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
                               features, features_start, ssd=seq.is_ssd, grammar=grammar)
@@ -288,6 +274,19 @@ class Session:
     def close(self) -> None:
         self.release(list(self.seqs))
         self.tensors.close()  # unlinks this session's shared-memory segment, if any
+
+
+def round_outcome(internal_id: int, o: draft_pb2.Outcome) -> RoundOutcome:
+    """The target's outcome as the proposer takes it; InvalidRequestError if its k or bonus contradict its tokens."""
+    k, new = o.num_accepted, list(o.new_token_ids)
+    if k < NO_SPECULATION or k > len(new) - 1:
+        raise InvalidRequestError(f"sequence {o.seq_id}: num_accepted {k} with {len(new)} new tokens")
+    if k >= 0 and o.bonus_token != new[-1]:
+        raise InvalidRequestError(f"sequence {o.seq_id}: bonus_token {o.bonus_token} is not the last new token")
+    own = o.num_own_accepted if o.HasField("num_own_accepted") else None
+    if own is not None and not 0 <= own <= max(k, 0):
+        raise InvalidRequestError(f"sequence {o.seq_id}: num_own_accepted {own} with num_accepted {k}")
+    return RoundOutcome(internal_id, o.num_committed_before, new, k, own)
 
 
 def _code(error: Exception) -> str:

@@ -15,11 +15,13 @@ from ssd.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     ResourceExhaustedError,
+    UnknownSequenceError,
 )
 
 ENGINE_STATUS = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    UnknownSequenceError: grpc.StatusCode.NOT_FOUND,
     ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CheckpointError: grpc.StatusCode.FAILED_PRECONDITION,

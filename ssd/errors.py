@@ -25,6 +25,10 @@ class FetchError(SSDError):
     """A package registry could not be reached or did not have the requested file."""
 
 
+class UnknownSequenceError(SSDError, LookupError):
+    """A call names a sequence this side does not hold (e.g. an Outcome for a sequence never prefilled)."""
+
+
 class ResourceExhaustedError(SSDError):
     """The request can never fit (e.g. needs more KV blocks than the cache holds)."""
 

@@ -1,18 +1,19 @@
 """One open Speculator.Session stream seen from the target: requests in, a reader thread queuing answers.
 
-It also keeps what the draft holds on this session (`known`: committed tokens sent, the last chain) and
+It also keeps what the draft holds on this session (`known`: committed tokens sent, the outcome to send) and
 the session's tensor transport (inline, shared memory or CUDA IPC, as the draft's Ready agreed).
 """
 
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 import structlog
 
 from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
 from rpc.tensors import SessionTensors
+from ssd.speculation.round_outcome import RoundOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -22,7 +23,7 @@ CLOSE = object()  # ends a session's request iterator
 @dataclass
 class SentSequence:
     num_sent: int  # committed tokens the draft holds
-    last_tokens: list[int] = field(default_factory=list)  # the last speculation (a chain), for k accepted
+    outcome: RoundOutcome | None = None  # the verified outcome of the draft's last answer (sent as its Outcome)
 
 
 class DraftSession:

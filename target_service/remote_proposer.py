@@ -2,9 +2,9 @@
 
 Called from the engine thread only. The DraftPool (draft_pool.py) says which draft session each sequence
 is on; each `propose` sends one Round per session holding part of the batch (prefills for sequences that
-draft has not seen, outcomes as deltas for the others), then waits for each Speculations with the same
-round id. If a draft is unreachable, slow past the timeout, or its stream breaks, the affected rounds get
-empty speculations (a plain decode step: output is unchanged), its sequences move to another healthy
+draft has not seen, for the others an Outcome: the new tokens and the verifier's k and bonus, copied as is),
+then waits for each Speculations with the same round id. If a draft is unreachable, slow past the timeout, or
+its stream breaks, the affected rounds get empty speculations (a plain decode step: output is unchanged), its sequences move to another healthy
 draft (re-sent there as Prefills), and a background thread reopens its session.
 
 A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the
@@ -31,6 +31,7 @@ from rpc.tls import sync_channel
 from rpc.tls_files import TlsFiles
 from ssd.config import SsdConfig
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Speculation
 from target_service.draft_pool import DraftPool
 from target_service.draft_session import DraftSession, SentSequence
@@ -166,12 +167,14 @@ class RemoteProposer:
                 prefill.grammar.CopyFrom(common_pb2.Grammar(**{grammar.kind: grammar.source}))
                 prefill.answer_start = len(r.token_ids) - len(r.grammar.output_ids)
             return prefill
-        new = r.token_ids[state.num_sent :]
-        k = 0
-        while k < min(len(state.last_tokens), len(new) - 1) and state.last_tokens[k] == new[k]:
-            k += 1
-        return round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent, new_token_ids=new,
-                                   num_accepted=k if state.last_tokens else -1, bonus_token=new[-1] if new else 0)
+        o = state.outcome  # the verifier's count, copied as is
+        msg = round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent,
+                                  new_token_ids=r.token_ids[state.num_sent :],
+                                  num_accepted=o.num_accepted if o is not None else NO_SPECULATION,
+                                  bonus_token=o.bonus_token if o is not None else 0)
+        if o is not None and o.num_own_accepted is not None:
+            msg.num_own_accepted = o.num_own_accepted
+        return msg
 
     def _replayed(self, r: ProposeRequest, msg: FeatureCarrier) -> ProposeRequest:
         """A Prefill of a sequence whose sent features are kept carries them all (it may be new to this draft
@@ -259,7 +262,7 @@ class RemoteProposer:
                 session.known.pop(r.seq_id, None)  # re-sent as a Prefill next round
                 out.append(Speculation([]))
                 continue
-            session.known[r.seq_id] = SentSequence(len(r.token_ids), [] if spec.is_tree else spec.tokens)
+            session.known[r.seq_id] = SentSequence(len(r.token_ids))
             out.append(spec)
         return out
 
@@ -281,8 +284,13 @@ class RemoteProposer:
         return Speculation(list(item.token_ids), list(item.parents) or None, q, cache_hit=item.is_cache_hit,
                            predicted_hit=predicted)
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
-        pass  # the next Outcome carries the delta
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
+        """Keep the round's outcome for the sequence's next Outcome message. Only the round right after the answer
+        verified the draft's speculation; a later one (a plain step in between) leaves num_accepted -1."""
+        session = self.pool.session_of(seq_id)
+        state = session.known.get(seq_id) if session is not None else None
+        if state is not None:
+            state.outcome = outcome if outcome.num_committed_before == state.num_sent else None
 
     def release(self, seq_id: int) -> None:
         if self.sent_features is not None:

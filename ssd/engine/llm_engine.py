@@ -31,6 +31,7 @@ from ssd.sampling.params import SamplingParams
 from ssd.sampling.sampler import sample_tokens
 from ssd.speculation.factory import build_proposer
 from ssd.speculation.proposer import Proposer
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.tokenizer import eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -158,14 +159,15 @@ class LLMEngine:
             return []
         k = self.spec.config.lookahead_for(len(batch.seqs)) if self.spec is not None else 0
         if batch.mode == ForwardMode.DECODE and k > 0:
-            new_tokens, new_logprobs = self.spec.run_round(batch.seqs, k)
+            outcomes, new_logprobs = self.spec.run_round(batch.seqs, k)
         else:
             batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
             if not batch.seqs:
                 return []
             tokens, new_logprobs = self._sample(batch, items, logits)
-            new_tokens = [[t] for t in tokens]
-        return self._commit(batch, new_tokens, new_logprobs)
+            outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens,
+                                                                                        strict=True)]
+        return self._commit(batch, outcomes, new_logprobs)
 
     def _forward(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[ForwardItem], torch.Tensor]:
         """Feed each sequence its scheduled tokens. A prompt chunk that leaves more of the prompt to feed only
@@ -217,14 +219,14 @@ class LLMEngine:
                 seq.prompt_logprobs = prompt_token_logprobs(rows[:-1], seq.token_ids[1:], seq.params.prompt_logprobs)
         return torch.stack([rows[-1] for rows in per_item])
 
-    def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]],
+    def _commit(self, batch: ScheduledBatch, outcomes: list[RoundOutcome],
                 new_logprobs: list[list[TokenLogprob] | None]) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
-        for seq, tokens, logprobs in zip(batch.seqs, new_tokens, new_logprobs, strict=True):
-            seq.num_cached_tokens = seq.num_tokens + len(tokens) - 1  # KV covers all but the newest token
+        for seq, outcome, logprobs in zip(batch.seqs, outcomes, new_logprobs, strict=True):
+            seq.num_cached_tokens = seq.num_tokens + len(outcome.new_tokens) - 1  # KV covers all but the newest token
             emitted, reason = [], None
-            for token in tokens:  # stop at the first token that finishes the request
+            for token in outcome.new_tokens:  # stop at the first token that finishes the request
                 seq.token_ids.append(token)
                 emitted.append(token)
                 reason = self.finish_reason(seq, [token])
@@ -240,8 +242,8 @@ class LLMEngine:
                 self._finish(seq, reason)
                 self.seqs.pop(seq.seq_id, None)
                 spec = seq.spec_counters.as_dict() if seq.spec_counters.num_drafts else None
-            elif self.spec is not None:
-                self.spec.proposer.commit(seq.seq_id, seq.num_tokens)
+            elif self.spec is not None:  # not truncated: a truncated round finished the sequence
+                self.spec.proposer.observe(seq.seq_id, outcome)
             outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,
                                       None if logprobs is None else logprobs[: len(emitted)], prompt_logprobs))
         return outputs

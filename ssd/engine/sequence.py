@@ -9,6 +9,7 @@ import torch
 from ssd.sampling.grammar import GrammarState
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
+from ssd.speculation.feature_log import FeatureLog
 from ssd.speculation.metrics import SpecCounters
 
 
@@ -44,6 +45,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] | None = None  # set at the first prefill when params.prompt_logprobs asks
     ending_ids: frozenset[int] = frozenset()  # tokens that finish it: the stop ids, and EOS unless ignore_eos
     grammar: GrammarState | None = None  # params.grammar compiled (structured output)
+    features: FeatureLog = field(default_factory=FeatureLog)  # EAGLE-3 target features on their way to the proposer
 
     @property
     def needs_prompt_logprobs(self) -> bool:

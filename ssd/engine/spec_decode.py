@@ -2,7 +2,7 @@
 
 Propose (draft), verify every sequence's chain or tree in ONE target forward, accept a prefix and
 sample the bonus token exactly (ssd/speculation/verification.py), keep only the accepted path's KV, and
-hand the proposer what it needs for the next round (committed length, target features).
+return each sequence's RoundOutcome, which the engine hands the proposer once committed (`observe`).
 """
 
 import dataclasses
@@ -22,6 +22,7 @@ from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
 from ssd.speculation.metrics import SpecCounters
 from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Outcome, Speculation
 from ssd.speculation.verification import verify_greedy, verify_sampled
 
@@ -34,8 +35,6 @@ class SpeculativeDecoder:
         self.runner = runner
         self.block_manager = block_manager
         self.counters = SpecCounters()
-        self.features: dict[int, tuple[int, torch.Tensor]] = {}  # seq id -> (first position, [n, F] features)
-        self.features_end: dict[int, int] = {}  # seq id -> the position after the last one whose features were given
         # With prefix caching, the target features of every committed position, kept beside its KV block: a prompt
         # whose first blocks the prefix cache serves gets their features from here (the proposer needs them all).
         self.feature_cache = (FeatureCache(block_manager.num_blocks, block_manager.block_size)
@@ -54,29 +53,20 @@ class SpeculativeDecoder:
     def add_features(self, seq: Sequence, start: int, features: torch.Tensor) -> None:
         """Queue target features [n, F] of positions start.. for the proposer (later ones overwrite earlier), first
         restoring those of positions the prefix cache served before `start`, and keep them beside the KV."""
-        given = self.features_end.get(seq.seq_id, 0)
-        if self.feature_cache is not None and start > given:  # a prefix-cache hit: those positions were not run
-            self._queue(seq.seq_id, given, self.feature_cache.read(seq.block_table, given, start))
+        log = seq.features
+        if self.feature_cache is not None and start > log.end:  # a prefix-cache hit: those positions were not run
+            log.add(log.end, self.feature_cache.read(seq.block_table, log.end, start))
         if self.feature_cache is not None:
             self.feature_cache.write(seq.block_table, start, features)
-        self._queue(seq.seq_id, start, features)
-
-    def _queue(self, seq_id: int, start: int, features: torch.Tensor) -> None:
-        old = self.features.get(seq_id)
-        if old is not None and old[0] <= start <= old[0] + len(old[1]):
-            start, features = old[0], torch.cat([old[1][: start - old[0]], features])
-        self.features[seq_id] = (start, features)
-        self.features_end[seq_id] = max(self.features_end.get(seq_id, 0), start + len(features))
+        log.add(start, features)
 
     def release(self, seq_id: int) -> None:
-        self.features.pop(seq_id, None)
-        self.features_end.pop(seq_id, None)
         self.proposer.release(seq_id)
 
     def _request(self, seq: Sequence, k: int) -> ProposeRequest:
         p = seq.params
         dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
-        start, features = self.features.pop(seq.seq_id, (0, None))
+        start, features = seq.features.take()
         grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
                               features, start, ssd=p.ssd, grammar=grammar)
@@ -92,9 +82,9 @@ class SpeculativeDecoder:
         positions = [start, *(start + d for d in spec.depths())]
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
-    def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[list[int]], list[list[TokenLogprob] | None]]:
-        """Accepted tokens + bonus token per sequence (before stop / length truncation), and their logprobs
-        for the sequences that asked (None for the others)."""
+    def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
+        """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
+        the logprobs of those tokens for the sequences that asked (None for the others)."""
         started = time.perf_counter()
         asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
@@ -120,7 +110,8 @@ class SpeculativeDecoder:
                 for counters in (self.counters, seq.spec_counters):
                     counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
                                     spec.predicted_hit)
-            results.append(outcome.tokens)
+            k_seen = outcome.num_accepted if seq.seq_id in proposed else NO_SPECULATION  # splices included
+            results.append(RoundOutcome(seq.seq_id, seq.num_tokens, outcome.tokens, k_seen, spec.num_own))
             if seq.params.logprobs is None:
                 logprobs.append(None)
             else:  # token i was drawn at its parent: the root, then each accepted node
@@ -131,17 +122,19 @@ class SpeculativeDecoder:
 
     def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
         """Structured output: splice the grammar's forced tokens into the speculation, wherever they fall (a
-        spliced token is always accepted; in a chain its q row is one-hot). SSD too: its draft reads the outcome
-        off the committed tokens, and one that left its speculation is a miss there."""
+        spliced token is always accepted; in a chain its q row is one-hot). `num_own` marks where the proposer's own
+        tokens end (SSD: an outcome past it is a miss on the draft)."""
         if seq.grammar is None:
             return spec
         if spec.is_tree:
             tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(),
                                                       self.lookahead_slots)  # the KV slots reserved for the round
-            return dataclasses.replace(spec, tokens=tokens, parents=parents, q=None)
+            own = None if (tokens, parents) == (spec.tokens, spec.parent_list()) else 0  # nodes renumbered
+            return dataclasses.replace(spec, tokens=tokens, parents=parents, q=None, num_own=own)
         chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
         if [t for t, _ in chain] == spec.tokens:
             return spec
+        num_own = next((i for i, (_, own) in enumerate(chain) if not own), len(chain))
         q = None
         if spec.q is not None:  # [n, V]: the draft's own rows, one-hot rows for spliced tokens
             q = torch.zeros(len(chain), spec.q.shape[1], dtype=spec.q.dtype)
@@ -150,7 +143,7 @@ class SpeculativeDecoder:
                     q[i] = spec.q[i]
                 else:
                     q[i, token] = 1.0
-        return dataclasses.replace(spec, tokens=[t for t, _ in chain], q=q)  # an SSD cache hit stays one
+        return dataclasses.replace(spec, tokens=[t for t, _ in chain], q=q, num_own=num_own)  # a hit stays one
 
     def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""

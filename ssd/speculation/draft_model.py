@@ -19,31 +19,18 @@ from ssd.runtime.model_runner import ForwardItem
 from ssd.runtime.model_worker import ModelWorker
 from ssd.speculation.draft_sampling import constrain_rows, pick_tokens
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
 
 
 @dataclass
 class _DraftSeq:
+    """The draft model's state for one sequence: its paged KV only (rolled back by length on `observe`)."""
+
     block_table: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0  # leading committed tokens whose draft KV is valid
+    num_cached_tokens: int = 0  # leading positions whose draft KV is written (committed, then drafted ones)
     num_hashed_blocks: int = 0
     token_ids: list[int] = field(default_factory=list)
-    num_kv_committed: int = 0  # the KV was last written over this many committed tokens,
-    kv_drafted: list[int] = field(default_factory=list)  # then over these drafted ones (scratch unless accepted)
-
-    def hold(self, committed: list[int], drafted: list[int]) -> None:
-        """The KV now holds the committed tokens, then the drafted ones."""
-        self.num_kv_committed = len(committed)
-        self.kv_drafted = list(drafted)
-        self.num_cached_tokens = len(committed) + len(drafted)
-
-    def valid_prefix(self, token_ids: list[int]) -> int:
-        """Leading tokens of token_ids whose KV is right: a drafted position counts only if that token was
-        committed there. (The target may commit a token the draft did not draft at an accepted position: a
-        grammar's forced token, spliced into the speculation.)"""
-        n = self.num_kv_committed
-        tail = token_ids[n : n + len(self.kv_drafted)]
-        return n + next((i for i, (a, b) in enumerate(zip(tail, self.kv_drafted, strict=False)) if a != b), len(tail))
 
 
 class DraftModelProposer:
@@ -69,14 +56,16 @@ class DraftModelProposer:
     def _catch_up_item(self, r: ProposeRequest, room: int) -> ForwardItem:
         state = self.seqs.setdefault(r.seq_id, _DraftSeq())
         state.token_ids = r.token_ids
-        start = min(state.num_cached_tokens, state.valid_prefix(r.token_ids), len(r.token_ids) - 1)
+        start = min(state.num_cached_tokens, len(r.token_ids) - 1)
         self.worker.block_manager.ensure_capacity(state, len(r.token_ids) + room)
         return ForwardItem(r.token_ids[start:], start, state.block_table)
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
+        """Roll the KV back to the committed tokens it holds right: those before the round, then the accepted
+        tokens this draft drafted (a token the grammar spliced in, the bonus and anything rejected are not)."""
         state = self.seqs.get(seq_id)
-        if state is not None:  # the last committed token (the bonus) never has draft KV yet
-            state.num_cached_tokens = min(state.num_cached_tokens, num_committed - 1)
+        if state is not None:
+            state.num_cached_tokens = min(state.num_cached_tokens, outcome.valid_length)
 
     def release(self, seq_id: int) -> None:
         state = self.seqs.pop(seq_id, None)
@@ -114,8 +103,8 @@ class DraftModelProposer:
                 for r, t in zip(requests, picked, strict=True)
             ]
             logits = runner.forward(step_items, ForwardMode.DECODE).logits
-        for r, tok in zip(requests, tokens, strict=True):  # KV now holds the committed tokens and s_1..s_{K-1}
-            self.seqs[r.seq_id].hold(r.token_ids, tok[: k - 1])
+        for r in requests:  # KV now holds the committed tokens and s_1..s_{K-1}
+            self.seqs[r.seq_id].num_cached_tokens = len(r.token_ids) + k - 1
         return [
             Speculation(tok[: r.num_tokens], None, torch.stack(q[: r.num_tokens]) if q[0] is not None else None)
             for r, tok, q in zip(requests, tokens, qs, strict=True)
@@ -154,7 +143,7 @@ class DraftModelProposer:
             if depth == depth_limit or len(tokens) >= shape.budget:
                 break
             logprobs = self._tree_step(r, base, tokens, parents, frontier)
-        self.seqs[r.seq_id].hold(r.token_ids, [])  # tree KV is scratch
+        self.seqs[r.seq_id].num_cached_tokens = len(r.token_ids)  # tree KV is scratch
         return Speculation(tokens, parents)
 
     def _tree_step(self, r: ProposeRequest, base: int, tokens: list[int], parents: list[int],

@@ -28,6 +28,7 @@ from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.sampler import sample_from
 from ssd.speculation.eagle3_tree import TokenTree
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
 
 
@@ -64,8 +65,8 @@ class Eagle3Proposer:
         """The draft tokens the grammar allows after each path."""
         return grammar.allowed(paths)[:, self._target_ids]
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
-        pass  # real features arrive with the next propose; drafted positions are truncated then
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
+        pass  # the head rolls back by feature position: real features arrive with the next propose
 
     def release(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)

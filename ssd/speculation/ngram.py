@@ -7,6 +7,7 @@ the tail (most recent first) becomes a branch from the root.
 import torch
 
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
 
 
@@ -54,7 +55,7 @@ class NgramProposer:
             out.append(Speculation(tokens, parents))
         return out
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         pass
 
     def release(self, seq_id: int) -> None:

@@ -23,7 +23,7 @@ class PagedBranchDrafter:
         for r in requests:
             state = self.proposer.seqs.setdefault(r.seq_id, _DraftSeq())
             bonus_pos = len(r.token_ids) - 1
-            start = min(state.num_cached_tokens, state.valid_prefix(r.token_ids), bonus_pos)
+            start = min(state.num_cached_tokens, bonus_pos)  # `observe` rolled the KV back to what is right
             tokens = r.token_ids[start:] + r.speculation
             self.proposer.worker.block_manager.ensure_capacity(state, start + len(tokens) + r.reserve)
             items.append(ForwardItem(tokens, start, state.block_table, num_logits=len(r.speculation) + 1))
@@ -32,7 +32,7 @@ class PagedBranchDrafter:
         for r in requests:
             n = len(r.speculation) + 1
             state = self.proposer.seqs[r.seq_id]
-            state.hold(r.token_ids, r.speculation)  # committed + the speculation
+            state.num_cached_tokens = len(r.token_ids) + len(r.speculation)  # committed + the speculation
             state.token_ids = r.token_ids
             out.append(logits[offset : offset + n].float())
             offset += n

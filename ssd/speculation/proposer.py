@@ -1,8 +1,9 @@
 """The proposer interface: anything that can guess a sequence's next tokens.
 
-The engine calls, per decode round, `propose` for the batch, verifies, then `commit` for each
-sequence with its new committed length; `release` when a sequence ends. A proposer keeps its
-own per-sequence state (a draft model its own paged KV) and rolls it back by length.
+The engine calls, per decode round, `propose` for the batch, verifies, then `observe` once for each live
+sequence with the round's outcome as the verifier counted it (ssd/speculation/round_outcome.py); `release`
+when a sequence ends. A proposer keeps only model state (a draft model its own paged KV) and rolls it back by
+the outcome's length.
 """
 
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import torch
 
 from ssd.config import TreeShape
 from ssd.sampling.grammar import AnswerGrammar
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.saguaro import SaguaroScale
 from ssd.speculation.speculation import Speculation
 
@@ -39,8 +41,9 @@ class Proposer(Protocol):
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]: ...
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
-        """The sequence now has `num_committed` tokens; anything past them was speculative."""
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
+        """What the round committed (one call per round per live sequence); anything past it was speculative.
+        A sequence the proposer never saw is ignored."""
         ...
 
     def release(self, seq_id: int) -> None: ...

@@ -18,6 +18,7 @@ class Speculation:
     q: torch.Tensor | None = None
     cache_hit: bool | None = None  # SSD: True = from the speculation cache, False = a backup; None = not SSD
     predicted_hit: float | None = None  # SSD: the draft's estimate that verifying this hits its next cache
+    num_own: int | None = None  # structured output: leading tokens the proposer drafted (the rest spliced); None = all
 
     def __post_init__(self) -> None:
         if self.parents is not None and len(self.parents) != len(self.tokens):

@@ -2,7 +2,7 @@
 
 `answer` runs on the worker and returns at once (a cache hit or the backup); the worker then goes straight on to
 `build`, the next speculation cache, while the caller verifies on its own thread. Every call into the speculator
-(answer, build, commit, release) runs on that one worker thread, in the order it was made, so the speculator,
+(answer, build, observe, release) runs on that one worker thread, in the order it was made, so the speculator,
 which is not thread-safe, never sees two at once, and an answer always finds the cache of the build before it.
 The draft service and in-process SSD (`ssd generate --mode ssd`, `LLM`) both use it.
 """
@@ -19,6 +19,7 @@ import torch
 
 from ssd.sampling.grammar import AnswerGrammar, GrammarState
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
 from ssd.speculation.ssd_speculator import BuildJob, SsdSpeculator
 
@@ -107,8 +108,8 @@ class OverlappedSpeculator:
             self.grammars[r.seq_id] = r.grammar.state.copy()
         return AnswerGrammar(self.grammars[r.seq_id], list(r.grammar.output_ids))
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
-        self.worker.submit(self.speculator.commit, seq_id, num_committed)
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
+        self.worker.submit(self.speculator.observe, seq_id, outcome)
 
     def release(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)

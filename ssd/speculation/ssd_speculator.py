@@ -1,7 +1,7 @@
 """The draft side of SSD (SSD.md sections 2-5): answer from the speculation cache, then build the next one.
 
-`answer` handles one round for a batch: it derives each sequence's outcome (k accepted, bonus) from the
-committed tokens, returns the cached speculation for that key (a hit) or a backup (a miss: the neural draft
+`answer` handles one round for a batch: it takes each sequence's outcome (k accepted, bonus) as the verifier
+counted it (`observe`), returns the cached speculation for that key (a hit) or a backup (a miss: the neural draft
 now for small batches, n-gram lookup above; only the sequences that missed), and remembers what it returned.
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
@@ -23,6 +23,7 @@ from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueReq
 from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import Proposer, ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
 from ssd.speculation.speculation import Speculation
 
@@ -44,8 +45,9 @@ class _Cached:
 
 @dataclass
 class _SsdSeq:
-    committed_len: int = 0  # committed tokens when the last speculation was returned
-    last_tokens: list[int] = field(default_factory=list)  # that speculation (a chain)
+    last_tokens: list[int] = field(default_factory=list)  # the last speculation returned (a chain)
+    outcome: tuple[int, int] | None = None  # (j accepted, bonus) of that speculation, once observed
+    observed: bool = False  # whether a round has been observed since that speculation
     last_hit: bool = False
     cache: dict[tuple[int, int], _Cached] = field(default_factory=dict)  # (j, bonus) -> next speculation
     guesses: list[list[int]] = field(default_factory=list)  # [j] ranked bonus guesses (s_{j+1} excluded)
@@ -116,22 +118,20 @@ class SsdSpeculator:
         self.build(job)
         return specs
 
-    def commit(self, seq_id: int, num_committed: int) -> None:
-        self.neural.commit(seq_id, num_committed)
+    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
+        """Keep the cache key of the last speculation's outcome: (j accepted, bonus) when the round verified that
+        speculation as the draft returned it up to where it stopped, else none (the next lookup misses)."""
+        state = self.seqs.get(seq_id)
+        if state is not None:
+            fresh = not state.observed and outcome.is_own_speculation  # the round that verified the last answer
+            state.outcome, state.observed = (outcome.num_accepted, outcome.bonus_token) if fresh else None, True
+        self.neural.observe(seq_id, outcome)
 
     def release(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)  # a build still pending for it skips it
         self.neural.release(seq_id)
 
     # -- answering --------------------------------------------------------------------------------
-    def _outcome(self, state: _SsdSeq, token_ids: list[int]) -> tuple[int, int] | None:
-        """(j accepted, bonus) of the last speculation, read off the committed tokens; None if unrelated."""
-        new = token_ids[state.committed_len :]
-        j = len(new) - 1
-        if state.committed_len == 0 or j < 0 or j > len(state.last_tokens) or new[:j] != state.last_tokens[:j]:
-            return None
-        return j, new[-1]
-
     def _record(self, state: _SsdSeq, outcome: tuple[int, int]) -> None:
         j, bonus = outcome
         estimator = self.after_hit if state.last_hit else self.after_miss
@@ -149,7 +149,7 @@ class SsdSpeculator:
         misses: list[ProposeRequest] = []
         for r in requests:
             state = self.seqs.setdefault(r.seq_id, _SsdSeq())
-            outcome = self._outcome(state, r.token_ids)
+            outcome = state.outcome
             if outcome is not None:
                 self._record(state, outcome)
             cached = state.cache.get(outcome) if outcome is not None else None
@@ -176,8 +176,8 @@ class SsdSpeculator:
         for r in requests:
             spec = out[r.seq_id]
             state = self.seqs[r.seq_id]
-            state.committed_len, state.last_tokens, state.last_hit = len(r.token_ids), list(spec.tokens), bool(spec.cache_hit)
-            state.cache, state.guesses, state.predicted_hit = {}, [], None
+            state.last_tokens, state.last_hit, state.outcome = list(spec.tokens), bool(spec.cache_hit), None
+            state.cache, state.guesses, state.predicted_hit, state.observed = {}, [], None, False
             job.pending.append(_Pending(r, spec, r.seq_id in consumed))
             specs.append(spec)
         return specs, job

@@ -10,6 +10,7 @@ from ssd.model_config import load_model_config
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.proposer import ProposeRequest
+from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.ssd_speculator import SsdSpeculator
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
@@ -39,6 +40,7 @@ def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
     starts = {}
     for i, new in ((1, first[0].tokens[:j] + [bonus]), (2, [missing])):  # sequence 2 rejects s_1: a miss
         starts[i] = len(tokens[i]) - 1  # the verify's features: its root, then each accepted position
+        ssd.observe(i, RoundOutcome(i, len(tokens[i]), new, len(new) - 1))
         tokens[i] += new
         features[i] = torch.cat([features[i], torch.randn(len(new), 3 * tc.hidden_size)])
     second, job = ssd.answer(requests(starts))
