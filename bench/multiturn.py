@@ -33,6 +33,7 @@ def run_chats(llm: LLM, chats: list[list[str]], max_tokens: int) -> list[list[di
             out = llm.chat(messages, params)[0]
             messages.append({"role": "assistant", "content": out.text})
             turns.append({"ttft_s": out.ttft_s, "prompt_tokens": len(out.prompt_token_ids),
+                          "completion_tokens": len(out.token_ids),
                           "cached_tokens": out.num_cached_prompt_tokens, "text": out.text})
         results.append(turns)
     return results
@@ -40,12 +41,16 @@ def run_chats(llm: LLM, chats: list[list[str]], max_tokens: int) -> list[list[di
 
 def summarize(results: list[list[dict]]) -> dict:
     later = [t for chat in results for t in chat[1:]]
+    # the tokens the previous turn's request held (prompt + answer): an upper bound of what a prefix cache can serve
+    held = [min(prev["prompt_tokens"] + prev.get("completion_tokens", 0), t["prompt_tokens"])
+            for chat in results for prev, t in zip(chat[:-1], chat[1:], strict=True)]
     return {
         "ttft_ms_turn1_median": 1000 * statistics.median(chat[0]["ttft_s"] for chat in results),
         "ttft_ms_later_median": 1000 * statistics.median(t["ttft_s"] for t in later),
         "later_prompt_tokens": sum(t["prompt_tokens"] for t in later),
         "later_cached_tokens": sum(t["cached_tokens"] for t in later),
         "later_hit_rate": sum(t["cached_tokens"] for t in later) / max(1, sum(t["prompt_tokens"] for t in later)),
+        "later_previous_request_tokens": sum(held),
     }
 
 

@@ -21,7 +21,7 @@ DRAFT_PREFIX_SERIES = ("ssd:draft_prefix_cache_queries", "ssd:draft_prefix_cache
 
 
 def _turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:  # noqa: ANN001
-    """One streamed greedy chat turn: {ttft_s, prompt_tokens, cached_tokens, text}."""
+    """One streamed greedy chat turn: {ttft_s, prompt_tokens, completion_tokens, cached_tokens, text}."""
     start = time.perf_counter()
     first, pieces, usage = None, [], None
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0,
@@ -34,6 +34,7 @@ def _turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:  #
             usage = chunk.usage
     details = usage.prompt_tokens_details if usage is not None else None
     return {"ttft_s": (first or time.perf_counter()) - start, "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0,
             "cached_tokens": (details.cached_tokens or 0) if details is not None else 0, "text": "".join(pieces)}
 
 

@@ -70,3 +70,23 @@ def test_num_cached_tokens_must_leave_the_last_token(folders):
     session = _session(folders)
     out = _prefill(session, 3, [*SHARED], torch.randn(32, session.feature_width), num_cached=12)
     assert out.errors[0].code == "INVALID_ARGUMENT" and "num_cached_tokens" in out.errors[0].message
+
+
+def test_the_draft_metrics_count_prefix_queries_and_hits(folders):
+    from draft_service.servicer import SpeculatorServicer
+    from tests.draft_service.test_metrics import scrape
+
+    target, head = folders
+    draft = build_service_proposer(DraftServiceConfig(draft=str(head), target_model=str(target), block_size=4))
+    servicer = SpeculatorServicer(draft, "head")
+    try:
+        session = Session(draft.proposer, "test", draft.feature_width)
+        features = torch.randn(32, session.feature_width)
+        _prefill(session, 1, [*SHARED, 40], features)
+        _prefill(session, 2, [*SHARED, 41, 42], features, num_cached=12)
+        series = scrape(servicer, "head")
+    finally:
+        servicer.worker.close()
+    assert series["ssd:draft_prefix_cache_hits"] == ("counter", {(): 11.0})
+    queries = series["ssd:draft_prefix_cache_queries"]
+    assert queries[0] == "counter" and queries[1][()] >= 11 + 11  # the first sequence asked too (and missed)
