@@ -94,7 +94,7 @@ class Eagle3Proposer:
         """Start sequence `seq_id` from its cached head blocks of positions 0..num_positions-1 (its target
         features then start at `num_positions`); -> positions found. Fewer than asked: nothing is kept."""
         self.release(seq_id)
-        state, found = self._new_state(seq_id, token_ids, num_positions)
+        _, found = self._new_state(seq_id, token_ids, num_positions)
         if found < num_positions:
             self.release(seq_id)
         return found
