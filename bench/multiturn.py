@@ -5,6 +5,8 @@ prefix cache, and whether the answers are the same text.
 
 Each chat's turns run in order (turn t's prompt holds every earlier question and the model's own answer), greedy,
 one chat at a time, in one process: first with prefix caching, then without, on the same engine settings.
+`--through-stack`: the same chats through real services (gateway, target, EAGLE-3 draft service) driven with the
+`openai` client, streamed (bench/multiturn_stack.py).
 """
 
 import argparse
@@ -31,6 +33,7 @@ def run_chats(llm: LLM, chats: list[list[str]], max_tokens: int) -> list[list[di
             out = llm.chat(messages, params)[0]
             messages.append({"role": "assistant", "content": out.text})
             turns.append({"ttft_s": out.ttft_s, "prompt_tokens": len(out.prompt_token_ids),
+                          "completion_tokens": len(out.token_ids),
                           "cached_tokens": out.num_cached_prompt_tokens, "text": out.text})
         results.append(turns)
     return results
@@ -38,12 +41,16 @@ def run_chats(llm: LLM, chats: list[list[str]], max_tokens: int) -> list[list[di
 
 def summarize(results: list[list[dict]]) -> dict:
     later = [t for chat in results for t in chat[1:]]
+    # the tokens the previous turn's request held (prompt + answer): an upper bound of what a prefix cache can serve
+    held = [min(prev["prompt_tokens"] + prev.get("completion_tokens", 0), t["prompt_tokens"])
+            for chat in results for prev, t in zip(chat[:-1], chat[1:], strict=True)]
     return {
         "ttft_ms_turn1_median": 1000 * statistics.median(chat[0]["ttft_s"] for chat in results),
         "ttft_ms_later_median": 1000 * statistics.median(t["ttft_s"] for t in later),
         "later_prompt_tokens": sum(t["prompt_tokens"] for t in later),
         "later_cached_tokens": sum(t["cached_tokens"] for t in later),
         "later_hit_rate": sum(t["cached_tokens"] for t in later) / max(1, sum(t["prompt_tokens"] for t in later)),
+        "later_previous_request_tokens": sum(held),
     }
 
 
@@ -58,16 +65,24 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="write the JSON here too")
+    p.add_argument("--through-stack", action="store_true",
+                   help="through real services (ssd serve's launcher) and the openai client, not in one process")
     args = p.parse_args()
     configure_logging("warning")
     chats = load_conversations(args.conversations, args.turns)
     report = {"args": vars(args), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     texts = {}
     for name, caching in (("prefix_caching", True), ("no_prefix_caching", False)):
-        spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
-        with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec,
-                 enable_prefix_caching=caching) as llm:
-            results = run_chats(llm, chats, args.max_tokens)
+        if args.through_stack:
+            from bench.multiturn_stack import run_stack_chats
+
+            results, report[name + "_draft"] = run_stack_chats(args.model, args.draft, args.dtype, args.k, chats,
+                                                               args.max_tokens, caching)
+        else:
+            spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
+            with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec,
+                     enable_prefix_caching=caching) as llm:
+                results = run_chats(llm, chats, args.max_tokens)
         report[name] = summarize(results)
         texts[name] = [[t["text"] for t in chat] for chat in results]
     report["same_text"] = texts["prefix_caching"] == texts["no_prefix_caching"]

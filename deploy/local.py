@@ -76,6 +76,7 @@ class StackConfig:
     metrics_port: int = 0  # model services' /metrics: draft i on port + i, target i on port + num_drafts + i; 0 = free
     tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
     offline: bool = False  # never pull a model: one not cached fails the start (the children get SSD_OFFLINE=1)
+    enable_prefix_caching: bool = True  # False: the targets get --no-prefix-caching (benchmarks compare both)
 
 
 class StackStartError(RuntimeError):
@@ -219,6 +220,8 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
             "--compile", c.compile, "--attention-backend", c.attention_backend]
     if c.enforce_eager:
         args.append("--enforce-eager")
+    if not c.enable_prefix_caching:
+        args.append("--no-prefix-caching")
     for draft_address in stack.draft_addresses:
         args += ["--draft-address", draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir, _offline_env(c))

@@ -22,7 +22,8 @@ class DraftServiceConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the draft runs
     num_threads: int = 1  # torch intra-op threads
     kv_cache_memory_mb: int = 256  # the draft's own KV budget
-    block_size: int = 16  # tokens per draft KV block
+    block_size: int = 16  # tokens per draft KV block (an EAGLE-3 head's prefix-cache blocks: the target's size)
+    prefix_cache_blocks: int = 1024  # an EAGLE-3 head's own prefix cache, in blocks; 0 = off
     compile: str = "auto"  # a draft model's torch.compile: auto | on | off (ssd/runtime/compile.py)
     enforce_eager: bool = False
     attention_backend: str = "auto"  # a draft model's attention: auto | torch | triton | flash-attn
@@ -44,6 +45,8 @@ class DraftServiceConfig:
             raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.num_threads < 1 or self.kv_cache_memory_mb < 1 or self.block_size < 1:
             raise InvalidRequestError("threads, KV memory and block size must be >= 1")
+        if self.prefix_cache_blocks < 0:
+            raise InvalidRequestError(f"prefix cache blocks must be >= 0 (0 = off), got {self.prefix_cache_blocks}")
         if self.max_speculative_tokens < 1 or self.max_session_sequences < 1 or (self.max_model_len or 1) < 1:
             raise InvalidRequestError("session limits (max K, sequences, model length) must be >= 1")
         if self.ssd.backup_max_neural_batch < 0:
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--device", default=env.get("SSD_DRAFT_DEVICE", "cpu"), help="where the draft runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))
+    p.add_argument("--prefix-cache-blocks", type=int, default=int(env.get("SSD_DRAFT_PREFIX_CACHE_BLOCKS", "1024")),
+                   help="an EAGLE-3 head's own prefix cache (head KV of shared prompt blocks), in blocks; 0 = off")
     add_ssd_flags(p, env)
     add_limit_flags(p, env)
     add_tls_flags(p, env)
@@ -75,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
         return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
                                   device=a.device, metrics_port=a.metrics_port,
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
+                                  prefix_cache_blocks=a.prefix_cache_blocks,
                                   max_speculative_tokens=a.max_speculative_tokens,
                                   max_session_sequences=a.max_session_sequences, max_model_len=a.max_model_len,
                                   tls=tls_from_args(p, a),

@@ -3,7 +3,8 @@
 Under `model_name` = the draft (so they never add up with the target's series): the sequences it holds
 (`vllm:num_requests_running`), its KV use and the draft tokens it generated (`vllm:generation_tokens`).
 Acceptance is the target's to count (target_service/metrics.py). The SSD side: speculation-cache answers,
-backups, and the time cache builds take, to set against the target's verify time. Read at scrape time.
+backups, and the time cache builds take, to set against the target's verify time. The EAGLE-3 head's own
+prefix cache: head positions asked of it and restored from it (`ssd:draft_prefix_cache_*`). Read at scrape time.
 """
 
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from draft_service.servicer import SpeculatorServicer
 from rpc.metrics_http import ENGINE_INDEX, METRICS_LABELS
+from ssd.speculation.head_prefix_cache import HeadPrefixCounters
 from ssd.speculation.ssd_speculator import SsdCounters
 
 
@@ -40,6 +42,15 @@ class _DraftCollector:
         yield self._family(CounterMetricFamily, "ssd:draft_speculations",
                            "Speculations answered (one per sequence per round)", sv.counters.num_drafts)
         yield from self._ssd(sv.ssd.counters if sv.ssd is not None else SsdCounters())
+        prefix = getattr(sv.proposer, "prefix_cache", None)
+        yield from self._prefix(prefix.counters if prefix is not None else HeadPrefixCounters())
+
+    def _prefix(self, c: HeadPrefixCounters) -> Iterator[Metric]:
+        yield self._family(CounterMetricFamily, "ssd:draft_prefix_cache_queries",
+                           "Head positions (tokens) of new sequences asked of the draft's prefix cache",
+                           c.num_query_positions)
+        yield self._family(CounterMetricFamily, "ssd:draft_prefix_cache_hits",
+                           "Head positions (tokens) restored from the draft's prefix cache", c.num_hit_positions)
 
     def _ssd(self, c: SsdCounters) -> Iterator[Metric]:
         counter = CounterMetricFamily

@@ -91,7 +91,9 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     if embedding.shape != (target_config.vocab_size, target_config.hidden_size):
         raise CheckpointError(f"{target}: {EMBEDDING_KEY} is {tuple(embedding.shape)}, its config says "
                               f"{(target_config.vocab_size, target_config.hidden_size)}")
-    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype, device=torch.device(config.device))
+    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype, device=torch.device(config.device),
+                              prefix_block_size=config.block_size,  # the target's block size, by default 16
+                              prefix_cache_blocks=config.prefix_cache_blocks)
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
     return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device),

@@ -3,7 +3,9 @@
 Target sequence ids are scoped to the session; the shared proposer sees service-unique ids, so
 several targets can use one draft (and one draft KV pool) at once. A proposer that drafts from
 target features (EAGLE-3) only sees a sequence whose features cover every committed position
-without a gap (e.g. not one re-sent after a reconnect): the others get empty speculations.
+without a gap (e.g. not one re-sent after a reconnect): the others get empty speculations. A Prefill whose
+prompt the target's prefix cache served in part (`num_cached_tokens`) starts from the draft's own prefix cache
+(draft_service/draft_prefix.py); a draft without those blocks refuses it with FAILED_PRECONDITION.
 
 SSD: a sequence whose Prefill asks for `ssd` (on a neural draft) is answered by the SsdSpeculator
 from its speculation cache; `answer` returns the cache build to run after the answer is sent
@@ -17,12 +19,18 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
+from draft_service.draft_prefix import restore_prefix
 from draft_service.limits import SessionLimits, check_feature_rows, check_round, check_tokens
 from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
 from ssd.config import TreeShape
-from ssd.errors import InvalidRequestError, ResourceExhaustedError, UnknownSequenceError
+from ssd.errors import (
+    InvalidRequestError,
+    PrefixUnavailableError,
+    ResourceExhaustedError,
+    UnknownSequenceError,
+)
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
 from ssd.speculation.feature_log import FeatureLog
 from ssd.speculation.proposer import Proposer, ProposeRequest
@@ -126,6 +134,8 @@ class Session:
             self._said_no_ssd = True
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
                      target=self.target_id, seq_id=p.seq_id)
+        if self.feature_width and p.num_cached_tokens:
+            seq.num_features = restore_prefix(self.proposer, seq.internal_id, p)
         self._features(seq, p)
         if p.HasField("grammar"):
             seq.grammar, seq.answer_start = self._grammar(p), p.answer_start
@@ -180,7 +190,7 @@ class Session:
                 continue
             try:
                 ready.append((p.seq_id, self._prefill(p)))
-            except (InvalidRequestError, ResourceExhaustedError) as e:  # refused: no state is kept for its id
+            except (InvalidRequestError, ResourceExhaustedError, PrefixUnavailableError) as e:  # refused: no state
                 self.release([p.seq_id])
                 out.errors.add(seq_id=p.seq_id, code=_code(e), message=str(e))
         for o in round_.outcomes:
@@ -290,6 +300,8 @@ def round_outcome(internal_id: int, o: draft_pb2.Outcome) -> RoundOutcome:
 
 
 def _code(error: Exception) -> str:
+    if isinstance(error, PrefixUnavailableError):
+        return "FAILED_PRECONDITION"  # the target resends the Prefill whole
     return "RESOURCE_EXHAUSTED" if isinstance(error, ResourceExhaustedError) else "INVALID_ARGUMENT"
 
 

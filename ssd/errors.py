@@ -33,5 +33,9 @@ class ResourceExhaustedError(SSDError):
     """The request can never fit (e.g. needs more KV blocks than the cache holds)."""
 
 
+class PrefixUnavailableError(SSDError):
+    """A request relies on cached state this process does not hold (e.g. a draft's prefix blocks); resend it whole."""
+
+
 class EngineDeadError(SSDError):
     """The engine cannot run another step (a tensor-parallel rank exited); the process should restart."""

@@ -36,7 +36,8 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         model=config.model, dtype=config.dtype, quantization=config.quantization, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
         tensor_parallel_size=config.tensor_parallel_size, prefill_chunk_tokens=config.prefill_chunk_tokens,
-        compile=config.compile, enforce_eager=config.enforce_eager, attention_backend=config.attention_backend)
+        compile=config.compile, enforce_eager=config.enforce_eager, attention_backend=config.attention_backend,
+        enable_prefix_caching=config.enable_prefix_caching)
     if not config.draft_addresses:
         return LLMEngine(engine_config), None
     k = config.num_speculative_tokens

@@ -9,9 +9,10 @@ draft (re-sent there as Prefills), and a background thread reopens its session.
 
 A draft that drafts from target features (EAGLE-3) names their layers in GetInfo / Ready; the
 engine computes them (known before it is built: `fetch_feature_layers`) and each Prefill / Outcome
-carries the features of its new positions. With one draft, features are not kept here: a sequence re-sent
-after a reconnect lacks its old ones, and the draft gives it empty speculations. With several, they are
-kept (sent_features.py) and a sequence's Prefill on another draft (or a reopened session) carries them all.
+carries the features of its new positions. They are kept (sent_features.py), so a sequence's Prefill on
+another draft (or a reopened session) carries them all. A Prefill whose prompt the target's prefix cache
+served in part says so (`num_cached_tokens` = N) and carries features from position N - 1 only: the draft
+takes the rest from its own prefix cache, or answers FAILED_PRECONDITION, and the sequence is resent whole.
 
 SSD: a sequence whose request asks for ssd goes to the draft with Prefill.ssd; rounds carry the
 optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
@@ -92,8 +93,9 @@ class RemoteProposer:
         self.timeout_s = timeout_s
         self._round_ids = itertools.count(1)
         self._refused_for_features = False
-        # with several drafts a sequence may move: its features so far go with its Prefill on the new draft
-        self.sent_features = SentFeatures() if len(self.addresses) > 1 and self.feature_layers else None
+        # a sequence may move or be resent whole: its features so far go with its Prefill
+        self.sent_features = SentFeatures() if self.feature_layers else None
+        self._resend_whole: set[int] = set()  # sequences a draft refused for lack of prefix blocks: N = 0 next
         self.pool = DraftPool(self.addresses, self._open, reconnect_interval_s)  # opens the sessions in background
 
     @property
@@ -166,6 +168,8 @@ class RemoteProposer:
                 grammar = r.grammar.state.grammar
                 prefill.grammar.CopyFrom(common_pb2.Grammar(**{grammar.kind: grammar.source}))
                 prefill.answer_start = len(r.token_ids) - len(r.grammar.output_ids)
+            if session.sends_features and r.seq_id not in self._resend_whole:
+                prefill.num_cached_tokens = r.num_cached_tokens  # the draft's own prefix cache covers them
             return prefill
         o = state.outcome  # the verifier's count, copied as is
         msg = round_.outcomes.add(seq_id=r.seq_id, num_committed_before=state.num_sent,
@@ -180,9 +184,14 @@ class RemoteProposer:
         """A Prefill of a sequence whose sent features are kept carries them all (it may be new to this draft
         only because it moved here); anything else carries the request's new features."""
         rows = self.sent_features.replay(r.seq_id) if self.sent_features is not None else None
-        if rows is None or not isinstance(msg, draft_pb2.Prefill):
+        if not isinstance(msg, draft_pb2.Prefill):
             return r
-        return dataclasses.replace(r, features=rows, features_start=0)  # rows: [n, F], positions 0..n-1
+        if rows is not None:
+            r = dataclasses.replace(r, features=rows, features_start=0)  # rows: [n, F], positions 0..n-1
+        skip = msg.num_cached_tokens - 1  # positions the draft's prefix cache covers
+        if r.features is None or skip <= r.features_start:
+            return r
+        return dataclasses.replace(r, features=r.features[skip - r.features_start :], features_start=skip)
 
     def _attach_features(self, session: DraftSession, entries: list[tuple[ProposeRequest, FeatureCarrier]]) -> None:
         """Each message gets its sequence's new target features: by the session's transport, inline within a
@@ -248,6 +257,10 @@ class RemoteProposer:
                specs: draft_pb2.Speculations) -> list[Speculation]:
         failed = {e.seq_id for e in specs.errors}
         for e in specs.errors:
+            if e.code == "FAILED_PRECONDITION":  # the draft lacks the prefix blocks: resend it whole
+                self._resend_whole.add(e.seq_id)
+                log.info("the draft lacks the sequence's prefix blocks; resending it whole", seq_id=e.seq_id)
+                continue
             log.warning("draft rejected a sequence", seq_id=e.seq_id, code=e.code, error=e.message)
         # the draft sends timings only when it answered from its SSD cache (an n-gram draft serves ssd as plain SD)
         answered_ssd = specs.HasField("timings")
@@ -293,6 +306,7 @@ class RemoteProposer:
             state.outcome = outcome if outcome.num_committed_before == state.num_sent else None
 
     def release(self, seq_id: int) -> None:
+        self._resend_whole.discard(seq_id)
         if self.sent_features is not None:
             self.sent_features.release(seq_id)
         session = self.pool.release(seq_id)

@@ -2,8 +2,9 @@
 
 An EAGLE-3 draft drafts a sequence only when it holds the target features of every committed position. The
 engine hands the proposer each position's features once; a sequence that moves to another draft (its draft
-died) or whose session reopens would arrive there without the old ones and get no speculation. With several
-drafts the RemoteProposer keeps them here and sends them all with the sequence's Prefill. Cost: F values per
+died), whose session reopens, or whose draft lacks the prefix blocks the target's prefix cache served
+(FAILED_PRECONDITION) would arrive there without the old ones and get no speculation. The RemoteProposer keeps
+them here and sends them all with the sequence's Prefill. Cost: F values per
 committed position per live sequence (the default model: 3 x 576 bfloat16 = 3.4 KB), on the target's device.
 """
 

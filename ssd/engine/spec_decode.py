@@ -69,7 +69,8 @@ class SpeculativeDecoder:
         start, features = seq.features.take()
         grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
-                              features, start, ssd=p.ssd, grammar=grammar)
+                              features, start, ssd=p.ssd, grammar=grammar,
+                              num_cached_tokens=seq.num_prefix_cached_tokens)
 
     def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
         start = seq.num_cached_tokens  # the last committed token's position: the root

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+def block_hash(previous: int, chunk: tuple[int, ...]) -> int:
+    """The chained hash of a full block: its tokens and its predecessor's hash (0 for the first block). Python
+    hashes tuples of ints the same in every process, so a draft keys its own prefix cache by the target's hashes."""
+    return hash((previous, chunk))
+
+
 class PagedSequence(Protocol):
     """What the block manager needs of a sequence."""
 
@@ -83,7 +89,7 @@ class BlockManager:
         h = 0
         for i in range(num_reusable):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
-            h = hash((h, chunk))
+            h = block_hash(h, chunk)
             block_id = self._lookup(h, chunk)
             if block_id is None:
                 break
@@ -125,7 +131,7 @@ class BlockManager:
         h = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else 0
         for i in range(seq.num_hashed_blocks, seq.num_cached_tokens // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
-            h = hash((h, chunk))
+            h = block_hash(h, chunk)
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = h, chunk
             self.hash_to_block[h] = block.block_id

@@ -7,11 +7,14 @@ Each round it first runs the head over committed positions whose real target fea
 (ssd/speculation/eagle3_tree.py) expands the best top-k children by cumulative log-probability, every frontier
 node of every tree in one tree-masked head forward per depth. Drafted positions are scratch: the next
 round truncates back to the real ones.
+Prefix caching: complete head blocks go to a HeadPrefixCache (ssd/speculation/head_prefix_cache.py) keyed by
+the target's block hashes; a new sequence starts from the blocks it finds there and computes only the rest
+(in one process on its own; over the Session when the target says how many prompt tokens its cache served).
 Devices: the head, its KV, hidden states and fused features live on the head's device; the draft log-probs
 the token logic reads are moved to CPU, where sampling uses the sequences' CPU generators.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from ssd.models.eagle3 import HeadKVCache
 from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.sampler import sample_from
 from ssd.speculation.eagle3_tree import TokenTree
+from ssd.speculation.head_prefix_cache import HeadPrefixCache
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
@@ -42,9 +46,11 @@ class _HeadSeq:
 
 class Eagle3Proposer:
     def __init__(self, path: Path, target_embedding: torch.Tensor, target_config: ModelConfig, dtype: str,
-                 device: str | torch.device | None = None) -> None:
+                 device: str | torch.device | None = None, prefix_block_size: int = 16,
+                 prefix_cache_blocks: int = 1024) -> None:
         """`target_embedding` [vocab, d]: the target's input embedding (used when the head ships none).
-        `device`: where the head runs; None = the target embedding's device."""
+        `device`: where the head runs; None = the target embedding's device. `prefix_block_size`: the target's
+        KV block size (its prefix-cache blocks); `prefix_cache_blocks`: head blocks kept (0 = no prefix cache)."""
         tc = target_config
         device = resolve_device(target_embedding.device if device is None else device)
         self.head = load_eagle3_head(path, target_embedding, parse_dtype(dtype, device), tc.num_hidden_layers,
@@ -59,6 +65,8 @@ class Eagle3Proposer:
             )
         self.feature_layers = tuple(hc.aux_layers)
         self.seqs: dict[int, _HeadSeq] = {}
+        self.prefix_cache = HeadPrefixCache(prefix_block_size, prefix_cache_blocks) if prefix_cache_blocks else None
+        self.num_head_positions = 0  # head positions computed from real features, ever (prefix hits skip them)
         self._target_ids = self.head.to_target_ids(torch.arange(hc.draft_vocab_size))  # [Vd] on CPU
 
     def _allowed(self, grammar: AnswerGrammar, paths: list[list[int]]) -> torch.Tensor:  # [n, Vd] bool
@@ -71,14 +79,37 @@ class Eagle3Proposer:
     def release(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
 
+    def _new_state(self, seq_id: int, token_ids: list[int], max_positions: int) -> tuple[_HeadSeq, int]:
+        """A fresh state starting from the cached head blocks of at most `max_positions` leading positions;
+        -> (state, positions restored)."""
+        head = self.head
+        fused = torch.empty(0, head.config.hidden_size, dtype=head.fc.weight.dtype, device=head.device)
+        state = self.seqs[seq_id] = _HeadSeq(head.new_cache(), fused)
+        blocks = self.prefix_cache.lookup(token_ids, max_positions) if self.prefix_cache is not None else []
+        if blocks:
+            state.fused = self.prefix_cache.restore(blocks, state.cache)  # [n, d]
+            state.num_real = len(state.fused)
+        return state, state.num_real
+
+    def restore_prefix(self, seq_id: int, token_ids: list[int], num_positions: int) -> int:
+        """Start sequence `seq_id` from its cached head blocks of positions 0..num_positions-1 (its target
+        features then start at `num_positions`); -> positions found. Fewer than asked: nothing is kept."""
+        self.release(seq_id)
+        _, found = self._new_state(seq_id, token_ids, num_positions)
+        if found < num_positions:
+            self.release(seq_id)
+        return found
+
     @torch.inference_mode()
     def _catch_up(self, r: ProposeRequest) -> tuple[_HeadSeq, torch.Tensor, torch.Tensor]:
         """Run the head over new real positions; returns (state, last out_hidden [d], last draft log-probs)."""
         head = self.head
         state = self.seqs.get(r.seq_id)
-        if state is None:
-            fused = torch.empty(0, head.config.hidden_size, dtype=head.fc.weight.dtype, device=head.device)
-            state = self.seqs[r.seq_id] = _HeadSeq(head.new_cache(), fused)
+        if state is None:  # restore at most all but the last position that has inputs: that one gives the logits
+            usable = r.features_start + len(r.features) if r.features is not None else 0
+            state, found = self._new_state(r.seq_id, r.token_ids, min(usable, len(r.token_ids) - 1) - 1)
+            if found > r.features_start:  # the restored positions need no features
+                r = replace(r, features=r.features[found - r.features_start :], features_start=found)
         if r.features is not None:  # [n, F], on CPU or on a device: the head's device from here
             if r.features_start > len(state.fused):  # fused row i must be position i's: a gap would shift them all
                 raise InvalidRequestError(
@@ -94,7 +125,10 @@ class Eagle3Proposer:
         else:
             ids = torch.tensor(r.token_ids[state.num_real + 1 : m + 1])
             out, logits_all = head(ids, state.fused[state.num_real : m], state.cache)
+            self.num_head_positions += m - state.num_real
             state.num_real = m
+            if self.prefix_cache is not None:
+                self.prefix_cache.insert(r.token_ids, m, state.cache, state.fused)
             hidden, logits = out[-1], logits_all[-1]
             state.rows = [(hidden, logits)]
         return state, hidden, torch.log_softmax(logits.float(), dim=-1).cpu()

@@ -33,8 +33,10 @@ def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -
     if is_eagle3_folder(path):
         from ssd.speculation.eagle3_proposer import Eagle3Proposer
 
+        blocks = target.block_manager  # the head's prefix cache keys by the target's blocks (and is on with its)
         proposer: Proposer = Eagle3Proposer(path, target.input_embedding(), target.model_config,
-                                            draft_dtype, device=target.device)
+                                            draft_dtype, device=target.device, prefix_block_size=blocks.block_size,
+                                            prefix_cache_blocks=1024 if blocks.enable_prefix_caching else 0)
     else:
         proposer = DraftModelProposer(path, draft_dtype, target.model_config.vocab_size,
                                       block_size=target.block_manager.block_size, device=target.device)

@@ -32,6 +32,7 @@ class ProposeRequest:
     saguaro: SaguaroScale | None = None  # SSD: scale the draft's top probabilities before sampling (and in q)
     ssd: bool = False  # the request's mode is SSD (a remote draft answers it from its speculation cache)
     grammar: AnswerGrammar | None = None  # structured output: propose only what the grammar allows (speed only)
+    num_cached_tokens: int = 0  # leading prompt tokens the target's prefix cache served (whole blocks)
 
 
 class Proposer(Protocol):

@@ -5,6 +5,7 @@ by hand with ProposeRequests carrying random target features.
 """
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -60,7 +61,7 @@ def request(seq_id: int, tokens: list[int], start: int, features: torch.Tensor |
 
 
 @pytest.mark.parametrize("transport", [SHM, INLINE], ids=["shared-memory", "inline"])
-def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_address, transport):
+def test_features_reach_the_draft_and_a_reconnect_resends_sequences_whole(draft_address, transport):
     layers = fetch_feature_layers(draft_address, timeout_s=10)
     assert layers == (0, 1, 2)
     before = live_segments()
@@ -77,13 +78,15 @@ def test_features_reach_the_draft_and_a_reconnect_drops_old_sequences(draft_addr
         assert len(second[0].tokens) == K  # the outcome's features extend the draft's
 
         old = proposer.pool.sessions[0]
-        old.close()  # the stream breaks: the next session re-sends sequence 1 without its old features
+        old.close()  # the stream breaks: the next session gets sequence 1 with every feature it was sent
         assert wait_for(lambda: proposer.is_connected and proposer.pool.sessions[0] is not old)
         tokens = [*tokens, 42]
         resent = proposer.propose([request(1, tokens, 6, torch.randn(1, width)),
                                    request(2, [9, 10, 11, 12], 0, torch.randn(3, width))])
-        assert resent[0].tokens == [] and len(resent[1].tokens) == K
-        later = proposer.propose([request(1, [*tokens, 43], 7, torch.randn(1, width))])
+        assert len(resent[0].tokens) == K and len(resent[1].tokens) == K
+        gap = proposer.propose([request(4, [9, 10, 11, 12, 13], 3, torch.randn(1, width))])  # positions 0..2 never sent
+        assert gap[0].tokens == []
+        later = proposer.propose([request(4, [9, 10, 11, 12, 13, 14], 4, torch.randn(1, width))])
         assert later[0].tokens == [] and proposer.is_connected  # no speculation, no error, session kept
         sampled = proposer.propose([request(3, [9, 10, 11], 0, torch.randn(2, width), temperature=1.0)])[0]
         assert sampled.q.shape == (K, 96) and torch.allclose(sampled.q.sum(-1), torch.ones(K))  # q came back
@@ -97,5 +100,45 @@ def test_a_target_without_the_drafts_feature_layers_stays_in_ar(draft_address):
     try:
         assert not wait_for(lambda: proposer.is_connected, timeout_s=1.0)  # refused: wrong features
         assert proposer.propose([request(1, [5, 6, 7], 0, None)])[0].tokens == []
+    finally:
+        proposer.close()
+
+
+def _recording(proposer: RemoteProposer) -> list:
+    """Keep every message the proposer's (one) draft session sends."""
+    session, sent = proposer.pool.sessions[0], []
+    send = session.send
+    session.send = lambda message: (sent.append(message), send(message))[1]
+    return sent
+
+
+def test_a_prefix_hit_sends_the_rest_and_a_draft_without_the_blocks_gets_it_whole(draft_address):
+    """The target's prefix cache served 16 prompt tokens: the Prefill says so and carries features from position 15
+    on; the draft restores head positions 0..14 from its own prefix cache. A prompt the draft has no blocks of is
+    refused (FAILED_PRECONDITION, no speculation this round) and resent whole the next round."""
+    layers = fetch_feature_layers(draft_address, timeout_s=10)
+    proposer = RemoteProposer(draft_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05,
+                              feature_layers=layers)
+    try:
+        assert wait_for(lambda: proposer.is_connected)
+        sent = _recording(proposer)
+        torch.manual_seed(1)
+        feats, shared = torch.randn(40, 3 * 64), [(3 * i) % 90 + 2 for i in range(16)]  # one 16-token block
+        first = proposer.propose([request(10, [*shared, 50, 51], 0, feats[:17])])
+        assert len(first[0].tokens) == K
+        proposer.release(10)  # the head block of `shared` stays in the draft's prefix cache
+        hit = dataclasses.replace(request(11, [*shared, 60, 61, 62], 0, feats[:18]), num_cached_tokens=16)
+        assert len(proposer.propose([hit])[0].tokens) == K
+        prefill = sent[-1].round.prefills[0]
+        assert (prefill.num_cached_tokens, prefill.features_start, list(prefill.features.shape)) == (16, 15, [3, 192])
+
+        other = [(5 * i) % 90 + 2 for i in range(16)]  # never seen by the draft
+        miss = dataclasses.replace(request(12, [*other, 70, 71], 0, feats[:17]), num_cached_tokens=16)
+        assert proposer.propose([miss])[0].tokens == []  # refused: a plain decode step
+        again = dataclasses.replace(request(12, [*other, 70, 71, 72], 17, feats[17:18]), num_cached_tokens=16)
+        assert len(proposer.propose([again])[0].tokens) == K
+        prefill = sent[-1].round.prefills[0]
+        assert (prefill.num_cached_tokens, prefill.features_start, prefill.features.shape[0]) == (0, 0, 18)
+        assert proposer.is_connected
     finally:
         proposer.close()
