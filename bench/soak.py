@@ -4,26 +4,31 @@ service's RSS, open file descriptors, KV blocks in use and this node's /dev/shm 
     python -m bench.soak --minutes 30 --concurrency 32 --log-dir /tmp/ssd-soak     # the full soak
     python -m bench.soak --minutes 3 --concurrency 8                               # a short one
 
-Traffic: streamed and whole chat requests, modes sd and ar, 8 to 96 new tokens, a few cancelled early.
-A leak shows as a figure that keeps growing after warm-up: the summary prints each series' first, last and
-peak sample, and the CSV has them all.
+Traffic (bench/soak_traffic.py): streamed and whole chat requests in modes ar / sd / ssd, structured output,
+cancels, bad requests (4xx expected) and too-short deadlines (504 expected), through a stack whose draft serves
+ssd (the shipped EAGLE-3 head by default). The report (bench/soak_report.py, also written to soak.md) gives
+per-process RSS at start / after warm-up / end and the pass criteria: KV blocks and /dev/shm segments back to
+their baseline, RSS growth after warm-up < 10%, no unexpected answer; the exit status is 0 when all held.
+The CSV (soak.csv, rewritten at each sample) has every sample.
 """
 
 import argparse
 import csv
-import itertools
-import random
 import re
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
 
-from bench.chaos import PROMPTS, Serve, StreamResult, client, run_stream, start_serve
+from bench.chaos import Serve, start_serve
+from bench.soak_report import report
+from bench.soak_traffic import traffic
 from protos.ssd.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 from rpc.shared_memory import live_segments
+from ssd.model_store import DEFAULT_DRAFT
 
 _SEGMENT = re.compile(r"/dev/shm/(ssd-[0-9a-f]{16})")  # rpc/shared_memory.py's segment names
 _STARTED = re.compile(r"address=(\S+).*pid=(\d+).*service=(\S+)")
@@ -73,73 +78,54 @@ def sample(serve: Serve, addresses: dict[str, str]) -> dict[str, float]:
     return row
 
 
-def traffic(url: str, stop: threading.Event, counts: dict[str, int], seed: int) -> None:
-    """One client's loop of mixed requests until `stop`."""
-    rng = random.Random(seed)
-    c = client(url)
-    while not stop.is_set():
-        prompt, max_tokens, mode = rng.choice(PROMPTS), rng.randint(8, 96), rng.choice(["sd", "sd", "ar"])
-        if rng.random() < 0.1:  # cancelled early: the client goes away after the first tokens
-            r = StreamResult()
-            cancel = threading.Thread(target=run_stream, args=(client(url, timeout_s=1.0), prompt, 400, r, mode))
-            cancel.start()
-            cancel.join()
-            counts["cancelled"] += 1
-            continue
-        r = StreamResult()
-        run_stream(c, prompt, max_tokens, r, mode)
-        counts["failed" if r.error else "ok"] += 1
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.soak", description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--targets", type=int, default=1)
-    p.add_argument("--draft", default="ngram")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a draft that serves ssd (default: the EAGLE-3 head)")
+    p.add_argument("--warmup-minutes", type=float, default=None, help="default: a sixth of --minutes")
     p.add_argument("--sample-s", type=float, default=15.0)
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/ssd-soak"))
     a = p.parse_args(argv)
     serve = start_serve(a.log_dir, targets=a.targets, draft=a.draft)
     addresses = service_addresses(a.log_dir / "serve.out")
-    stop, counts = threading.Event(), {"ok": 0, "failed": 0, "cancelled": 0}
+    stop = threading.Event()
+    counts = [Counter() for _ in range(a.concurrency)]  # one per client thread, summed at the end
     rows = [sample(serve, addresses)]
-    workers = [threading.Thread(target=traffic, args=(serve.url, stop, counts, seed), daemon=True)
+    workers = [threading.Thread(target=traffic, args=(serve.url, stop, counts[seed], seed), daemon=True)
                for seed in range(a.concurrency)]
     for w in workers:
         w.start()
     try:
         end = time.monotonic() + 60 * a.minutes
-        for _ in itertools.count():
-            if time.monotonic() >= end:
-                break
+        while time.monotonic() < end:
             time.sleep(min(a.sample_s, max(0.0, end - time.monotonic())))
             rows.append(sample(serve, addresses))
+            _write_csv(rows, a.log_dir / "soak.csv")
     finally:
         stop.set()
         for w in workers:
-            w.join(120)
-        time.sleep(2)
+            w.join(180)
+        time.sleep(5)
         rows.append(sample(serve, addresses))  # idle again: KV and segments back to their baseline
         code = serve.stop()
-    write_report(rows, counts, a, code)
-    return 0
+    _write_csv(rows, a.log_dir / "soak.csv")
+    warmup_s = 60 * (a.warmup_minutes if a.warmup_minutes is not None else a.minutes / 6)
+    header = (f"soak: {a.minutes} min at concurrency {a.concurrency}, draft {a.draft}, {len(rows)} samples; "
+              f"ssd serve exited {code}")
+    text, passed = report(rows, sum(counts, Counter()), warmup_s, header)
+    (a.log_dir / "soak.md").write_text(text)
+    sys.stdout.write(text + f"\nall samples: {a.log_dir / 'soak.csv'}\n")
+    return 0 if passed and code == 0 else 1
 
 
-def write_report(rows: list[dict[str, float]], counts: dict[str, int], a: argparse.Namespace, code: int) -> None:
+def _write_csv(rows: list[dict[str, float]], path: Path) -> None:
     keys = sorted({k for r in rows for k in r})
-    with open(a.log_dir / "soak.csv", "w", newline="") as f:
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"soak: {a.minutes} min at concurrency {a.concurrency}; requests {counts}; ssd serve exited {code}",
-             "| series | first | last (idle) | peak |", "|---|---|---|---|"]
-    for k in keys:
-        if k == "t_s":
-            continue
-        values = [r[k] for r in rows if k in r]
-        lines.append(f"| {k} | {values[0]} | {values[-1]} | {max(values)} |")
-    sys.stdout.write("\n".join(lines) + f"\n\nall samples: {a.log_dir / 'soak.csv'}\n")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ forgotten; the round's other sequences are answered.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protos.ssd.v1 import draft_pb2
+from protos.ssd.v1 import common_pb2, draft_pb2
 from ssd.config import MAX_LOOKAHEAD, MAX_TREE_BUDGET
 from ssd.errors import InvalidRequestError
 
@@ -75,3 +75,16 @@ def check_feature_rows(num_rows: int, start: int, num_tokens: int) -> None:
     if start < 0 or start + num_rows > num_tokens:
         raise InvalidRequestError(f"features of positions [{start}, {start + num_rows}) are past the sequence's "
                                   f"{num_tokens} tokens")
+
+
+def check_feature_tensor(tensor: common_pb2.Tensor, width: int) -> None:
+    """A target-features tensor's metadata: [n, width] float32 or bfloat16, and inline bytes = n x width x itemsize.
+    (Whether a shared-memory handle opens is known only when it is read.)"""
+    if tensor.dtype not in ("float32", "bfloat16") or len(tensor.shape) != 2 or tensor.shape[1] != width:
+        raise InvalidRequestError(f"target features must be [n, {width}] float32 or bfloat16, "
+                                  f"got {list(tensor.shape)} {tensor.dtype}")
+    if tensor.WhichOneof("data") == "inline_bytes":
+        expected = tensor.shape[0] * width * (4 if tensor.dtype == "float32" else 2)
+        if len(tensor.inline_bytes) != expected:
+            raise InvalidRequestError(f"target features {list(tensor.shape)} {tensor.dtype} need {expected} bytes, "
+                                      f"got {len(tensor.inline_bytes)}")

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 import structlog
 from grpc import aio
 
+from draft_service.deadlines import SWEEP_INTERVAL_S, SessionDeadlines
 from draft_service.limits import SessionLimits
 from draft_service.proposers import ServiceDraft
+from draft_service.round_screen import screen
 from draft_service.session import RoundResult, Session
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from ssd.speculation.metrics import SpecCounters
@@ -57,6 +59,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         self.sessions[key] = session
         context.add_done_callback(lambda _: self._end_session(key))
         bound = log.bind(session=key[:8])
+        deadlines = SessionDeadlines()
+        sweeper = asyncio.create_task(self._expire(session, deadlines, bound))
         try:
             async for msg in request_iterator:
                 kind = msg.WhichOneof("kind")
@@ -76,10 +80,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
                         draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
                 elif kind == "round":
-                    result = await self._in_worker(_timed_round, session, msg.round, time.perf_counter())
-                    if result.build is not None:  # build while the answer travels and the target verifies
-                        self.worker.submit_build(session.build, result.build)
-                    specs = result.speculations
+                    specs = await self._round(session, deadlines, msg.round)
                     for item in specs.items:
                         if item.token_ids:  # empty ones (no target features) are no draft
                             self.counters.record(len(item.token_ids), 0, 0)
@@ -87,12 +88,38 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                         bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
                 elif kind == "release":
+                    for seq_id in msg.release.seq_ids:
+                        deadlines.forget(seq_id)
                     await self._in_worker(session.release, list(msg.release.seq_ids))
                 else:
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, error=draft_pb2.Error(
                         code="INVALID_ARGUMENT", message="a SessionRequest needs hello, round or release"))
         finally:
+            sweeper.cancel()
             self._end_session(key)
+
+    async def _round(self, session: Session, deadlines: SessionDeadlines,
+                     round_: draft_pb2.Round) -> draft_pb2.Speculations:
+        """Screen the round on the event loop (a bad one is refused at once), then answer the rest on the worker."""
+        screened = screen(round_, session, deadlines)
+        if screened.drop:  # queued ahead of the round: the worker forgets them first
+            self.worker.submit(session.release, screened.drop)
+        if screened.round is None:
+            return draft_pb2.Speculations(errors=screened.errors)
+        result = await self._in_worker(_timed_round, session, screened.round, time.perf_counter())
+        if result.build is not None:  # build while the answer travels and the target verifies
+            self.worker.submit_build(session.build, result.build)
+        result.speculations.errors.extend(screened.errors)
+        return result.speculations
+
+    async def _expire(self, session: Session, deadlines: SessionDeadlines, bound: structlog.BoundLogger) -> None:
+        """Drop the session's sequences whose deadline passed, whether or not the target sends their Release."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            expired = deadlines.due()
+            if expired:
+                bound.info("sequences past their deadline dropped", seq_ids=expired)
+                self.worker.submit(session.release, expired)
 
     def _end_session(self, key: str) -> None:
         """Free a session whose stream ended, once: from the RPC's done callback (a cancelled stream's handler

@@ -20,7 +20,13 @@ import structlog
 import torch
 
 from draft_service.draft_prefix import restore_prefix
-from draft_service.limits import SessionLimits, check_feature_rows, check_round, check_tokens
+from draft_service.limits import (
+    SessionLimits,
+    check_feature_rows,
+    check_feature_tensor,
+    check_round,
+    check_tokens,
+)
 from draft_service.ssd_options import round_config, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
@@ -67,14 +73,7 @@ def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors
                   device: torch.device) -> torch.Tensor:
     """[n, width] target features off the wire (float32 or bfloat16; inline, shared memory or CUDA IPC),
     on the draft's `device`. A malformed tensor (shape, dtype, byte count, handle) is InvalidRequestError."""
-    if tensor.dtype not in ("float32", "bfloat16") or len(tensor.shape) != 2 or tensor.shape[1] != width:
-        raise InvalidRequestError(f"target features must be [n, {width}] float32 or bfloat16, "
-                                  f"got {list(tensor.shape)} {tensor.dtype}")
-    if tensor.WhichOneof("data") == "inline_bytes":
-        expected = tensor.shape[0] * width * (4 if tensor.dtype == "float32" else 2)
-        if len(tensor.inline_bytes) != expected:
-            raise InvalidRequestError(f"target features {list(tensor.shape)} {tensor.dtype} need {expected} bytes, "
-                                      f"got {len(tensor.inline_bytes)}")
+    check_feature_tensor(tensor, width)
     try:
         return torch_tensors.decode(tensors, tensor, device)
     except (ValueError, OSError) as e:  # a handle that does not open or points past its segment

@@ -37,6 +37,7 @@ from ssd.speculation.speculation import Speculation
 from target_service.draft_pool import DraftPool
 from target_service.draft_session import DraftSession, SentSequence
 from target_service.sent_features import SentFeatures
+from target_service.seq_deadlines import SeqDeadlines
 from target_service.ssd_wire import DraftTimings, ssd_options
 from tensor_transport import torch_tensors
 
@@ -97,6 +98,7 @@ class RemoteProposer:
         self.sent_features = SentFeatures() if self.feature_layers else None
         self._resend_whole: set[int] = set()  # sequences a draft refused for lack of prefix blocks: N = 0 next
         self.pool = DraftPool(self.addresses, self._open, reconnect_interval_s)  # opens the sessions in background
+        self.deadlines = SeqDeadlines()  # the servicer's callers' deadlines; each Prefill carries the time left
 
     @property
     def is_connected(self) -> bool:
@@ -164,6 +166,8 @@ class RemoteProposer:
         if state is None:
             prefill = round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
                                           seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF, ssd=r.ssd)
+            if (time_left_ms := self.deadlines.time_left_ms(r.seq_id)) is not None:  # unset: no deadline
+                prefill.time_left_ms = time_left_ms
             if r.grammar is not None:  # the draft compiles it too, to propose only what it allows
                 grammar = r.grammar.state.grammar
                 prefill.grammar.CopyFrom(common_pb2.Grammar(**{grammar.kind: grammar.source}))

@@ -4,6 +4,7 @@ Conversion between proto messages and engine types happens here and nowhere else
 """
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -121,6 +122,8 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         finished, first = False, True
         remaining = context.time_remaining()  # the caller's deadline (None = none)
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
+        if deadline is not None and self.proposer is not None:  # the draft learns it with the sequence's Prefill
+            self.proposer.deadlines.set(seq_id, time.monotonic() + remaining)
         try:
             while not finished:
                 item = await _next(stream, deadline)
@@ -142,6 +145,8 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
                 yield msg
         finally:
             self.requests.pop(request.request_id, None)
+            if self.proposer is not None:
+                self.proposer.deadlines.clear(seq_id)
             if not finished:
                 log.info("aborted by the caller", seq_id=seq_id)
                 self.engine_loop.abort(seq_id)

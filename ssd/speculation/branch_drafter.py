@@ -45,3 +45,7 @@ class BranchDrafter(Protocol):
     def decode_branches(self, requests: list[BranchRequest], depth: int, pick: PickFn) -> list[torch.Tensor]:
         """Per request: [M, depth] int64 branch tokens; call only right after `glue` for the same sequences."""
         ...
+
+    def release(self, seq_id: int) -> None:
+        """Forget every per-sequence state the drafter keeps (the proposer frees the KV)."""
+        ...

@@ -22,6 +22,10 @@ class Eagle3BranchDrafter:
         self.proposer = proposer
         self.glue_hidden: dict[int, tuple[int, torch.Tensor]] = {}  # seq id -> (L, [m+1, d] out_hidden per glue row)
 
+    def release(self, seq_id: int) -> None:
+        """Forget the sequence's glue hidden states (its head KV is the proposer's to free)."""
+        self.glue_hidden.pop(seq_id, None)
+
     def _to_target(self, logits: torch.Tensor) -> torch.Tensor:  # [n, Vd] -> CPU [n, V] float32, -inf outside
         return self.proposer.head.to_target_vocab(logits.cpu(), float("-inf"))  # moves Vd columns, not V
 

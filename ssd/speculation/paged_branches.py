@@ -18,6 +18,9 @@ class PagedBranchDrafter:
     def __init__(self, proposer: DraftModelProposer) -> None:
         self.proposer = proposer
 
+    def release(self, seq_id: int) -> None:
+        pass  # no state of its own: the sequence's KV is the proposer's (DraftModelProposer.release frees it)
+
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
         items = []
         for r in requests:

@@ -129,6 +129,7 @@ class SsdSpeculator:
 
     def release(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)  # a build still pending for it skips it
+        self.drafter.release(seq_id)
         self.neural.release(seq_id)
 
     # -- answering --------------------------------------------------------------------------------
