@@ -61,7 +61,8 @@ def series_table(rows: list[dict[str, float]]) -> list[str]:
 
 
 def request_summary(counts: Counter) -> tuple[int, int, dict[str, int]]:
-    """(requests, unexpected answers, count per kind) from `kind[:mode]:ok|unexpected[...]` keys."""
+    """(requests, unexpected answers, count per kind) from `kind[:mode]:ok|client_timeout|unexpected[...]` keys
+    (a client timeout is not an unexpected answer: the server was still working on it)."""
     per_kind: Counter = Counter()
     unexpected = 0
     for key, n in counts.items():
@@ -75,7 +76,9 @@ def report(rows: list[dict[str, float]], counts: Counter, warmup_s: float, heade
     total, unexpected, per_kind = request_summary(counts)
     checks = criteria(rows, warmup_s)
     passed = unexpected == 0 and all(c.passed for c in checks)
-    lines = [header, f"requests: {total}, unexpected answers: {unexpected}; per kind: {per_kind}",
+    timeouts = sum(n for k, n in counts.items() if k.endswith(":client_timeout"))
+    lines = [header, f"requests: {total}, unexpected answers: {unexpected}, client timeouts: {timeouts}; "
+                     f"per kind: {per_kind}",
              "counts: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())), "", *rss_table(rows, warmup_s),
              "", "| criterion | held | figures |", "|---|---|---|",
              *(f"| {c.name} | {'yes' if c.passed else 'NO'} | {c.detail} |" for c in checks), "",

@@ -2,7 +2,8 @@
 
 Kinds (weights in MIX): streamed and whole answers in modes ar / sd / ssd, structured output (a JSON schema as
 `response_format`), streams the client leaves after a second (cancels), bad requests (a 4xx is the right answer)
-and requests with a deadline too short to finish (a 504 is the right answer). Anything else counts as unexpected.
+and requests with a deadline too short to finish (a 504 is the right answer). A client that gave up waiting
+counts as `client_timeout` (queueing, reported apart); anything else counts as unexpected.
 """
 
 import random
@@ -15,6 +16,7 @@ from bench.chaos import MODEL, PROMPTS, StreamResult, client, run_stream
 
 MIX = {"stream": 30, "whole": 25, "json": 10, "cancel": 10, "bad": 15, "deadline": 10}  # relative weights
 MODES = ["ar", "sd", "ssd"]
+CLIENT_TIMEOUT_S = 300.0  # at concurrency 32 on 2 cores a request may queue for minutes
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
@@ -40,7 +42,8 @@ def one_request(url: str, c: openai.OpenAI, rng: random.Random, counts: Counter)
         cancel = kind == "cancel"  # the client goes away after ~1 s of a long stream
         run_stream(client(url, timeout_s=1.0) if cancel else c, prompt, 400 if cancel else max_tokens, r, mode)
         ok = cancel or r.error is None
-        counts[f"{kind}:{mode}:ok" if ok else f"{kind}:{mode}:unexpected:{r.error}"] += 1
+        outcome = "client_timeout" if r.error == "APITimeoutError" else f"unexpected:{r.error}"
+        counts[f"{kind}:{mode}:ok" if ok else f"{kind}:{mode}:{outcome}"] += 1
         return
     try:
         if kind == "whole":
@@ -56,6 +59,9 @@ def one_request(url: str, c: openai.OpenAI, rng: random.Random, counts: Counter)
         expected = (kind == "bad" and 400 <= e.status_code < 500) or (kind == "deadline" and e.status_code == 504)
         counts[f"{kind}:ok" if expected else f"{kind}:unexpected:{e.status_code}"] += 1
         return
+    except openai.APITimeoutError:  # the client gave up waiting (queueing at this concurrency), not a server error
+        counts[f"{kind}:client_timeout"] += 1
+        return
     except openai.OpenAIError as e:
         counts[f"{kind}:unexpected:{type(e).__name__}"] += 1
         return
@@ -66,6 +72,6 @@ def one_request(url: str, c: openai.OpenAI, rng: random.Random, counts: Counter)
 def traffic(url: str, stop: threading.Event, counts: Counter, seed: int) -> None:
     """One client's loop of mixed requests until `stop`; `counts` is this client's own (sum them after)."""
     rng = random.Random(seed)
-    c = client(url)
+    c = client(url, timeout_s=CLIENT_TIMEOUT_S)
     while not stop.is_set():
         one_request(url, c, rng, counts)

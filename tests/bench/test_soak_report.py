@@ -43,8 +43,9 @@ def test_kv_or_shm_left_over_fails():
 
 
 def test_request_summary_counts_kinds_and_unexpected_answers():
-    counts = Counter({"stream:ssd:ok": 5, "bad:ok": 3, "deadline:unexpected:200": 1, "whole:sd:ok": 2})
-    assert request_summary(counts) == (11, 1, {"stream": 5, "bad": 3, "deadline": 1, "whole": 2})
+    counts = Counter({"stream:ssd:ok": 5, "bad:ok": 3, "deadline:unexpected:200": 1, "whole:sd:ok": 2,
+                      "whole:client_timeout": 1})
+    assert request_summary(counts) == (12, 1, {"stream": 5, "bad": 3, "deadline": 1, "whole": 3})
 
 
 def test_report_passes_only_without_unexpected_answers():
