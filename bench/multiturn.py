@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="write the JSON here too")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (the prefix cache's unit)")
     p.add_argument("--through-stack", action="store_true",
                    help="through real services (ssd serve's launcher) and the openai client, not in one process")
     args = p.parse_args()
@@ -77,11 +78,11 @@ def main() -> None:
             from bench.multiturn_stack import run_stack_chats
 
             results, report[name + "_draft"] = run_stack_chats(args.model, args.draft, args.dtype, args.k, chats,
-                                                               args.max_tokens, caching)
+                                                               args.max_tokens, caching, block_size=args.block_size)
         else:
             spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
             with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec,
-                     enable_prefix_caching=caching) as llm:
+                     enable_prefix_caching=caching, block_size=args.block_size) as llm:
                 results = run_chats(llm, chats, args.max_tokens)
         report[name] = summarize(results)
         texts[name] = [[t["text"] for t in chat] for chat in results]

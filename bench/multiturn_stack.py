@@ -52,13 +52,14 @@ def _draft_prefix_counters(url: str | None) -> dict[str, float]:
 
 
 def run_stack_chats(model: str, draft: str, dtype: str, k: int, chats: list[list[str]], max_tokens: int,
-                    prefix_caching: bool, log_dir: Path | None = None) -> tuple[list[list[dict]], dict]:
+                    prefix_caching: bool, log_dir: Path | None = None, block_size: int = 16) -> tuple[list[list[dict]], dict]:
     """-> (per chat, per turn: {ttft_s, prompt_tokens, cached_tokens, text}; the draft's prefix counters)."""
     from openai import OpenAI
 
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="ssd-multiturn-"))
     config = StackConfig(model=model, draft=draft, dtype=dtype, k=k, http_port=free_port(), grpc_port=free_port(),
-                         log_dir=log_dir, enable_prefix_caching=prefix_caching)
+                         log_dir=log_dir, enable_prefix_caching=prefix_caching,
+                         block_size=block_size)
     stack = start_stack(config, timeout_s=600)
     try:
         client = OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=600)

@@ -77,6 +77,7 @@ class StackConfig:
     tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
     offline: bool = False  # never pull a model: one not cached fails the start (the children get SSD_OFFLINE=1)
     enable_prefix_caching: bool = True  # False: the targets get --no-prefix-caching (benchmarks compare both)
+    block_size: int = 16  # tokens per KV block of targets and drafts (the prefix cache's unit)
 
 
 class StackStartError(RuntimeError):
@@ -197,6 +198,8 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None, index: 
             "--device", c.device, "--threads", "1", "--metrics-port", str(metrics_port), *c.tls.as_args()]
     if c.draft != "ngram":
         args += ["--target-model", c.model]
+    if c.block_size != 16:
+        args += ["--block-size", str(c.block_size)]
     child = spawn(draft_name(index), args, address, core, c.log_dir, _offline_env(c))
     child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
@@ -222,6 +225,8 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
         args.append("--enforce-eager")
     if not c.enable_prefix_caching:
         args.append("--no-prefix-caching")
+    if c.block_size != 16:
+        args += ["--block-size", str(c.block_size)]
     for draft_address in stack.draft_addresses:
         args += ["--draft-address", draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir, _offline_env(c))

@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     p.add_argument("--device", default=env.get("SSD_DRAFT_DEVICE", "cpu"), help="where the draft runs: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=int(env.get("SSD_DRAFT_THREADS", "1")))
     p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_DRAFT_KV_MB", "256")))
+    p.add_argument("--block-size", type=int, default=int(env.get("SSD_DRAFT_BLOCK_SIZE", "16")),
+                   help="tokens per KV block; an EAGLE-3 head's prefix-cache blocks must match the target's")
     p.add_argument("--prefix-cache-blocks", type=int, default=int(env.get("SSD_DRAFT_PREFIX_CACHE_BLOCKS", "1024")),
                    help="an EAGLE-3 head's own prefix cache (head KV of shared prompt blocks), in blocks; 0 = off")
     add_ssd_flags(p, env)
@@ -80,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
         return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
                                   device=a.device, metrics_port=a.metrics_port,
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
-                                  prefix_cache_blocks=a.prefix_cache_blocks,
+                                  prefix_cache_blocks=a.prefix_cache_blocks, block_size=a.block_size,
                                   max_speculative_tokens=a.max_speculative_tokens,
                                   max_session_sequences=a.max_session_sequences, max_model_len=a.max_model_len,
                                   tls=tls_from_args(p, a),

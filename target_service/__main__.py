@@ -37,7 +37,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
         tensor_parallel_size=config.tensor_parallel_size, prefill_chunk_tokens=config.prefill_chunk_tokens,
         compile=config.compile, enforce_eager=config.enforce_eager, attention_backend=config.attention_backend,
-        enable_prefix_caching=config.enable_prefix_caching)
+        enable_prefix_caching=config.enable_prefix_caching, block_size=config.block_size)
     if not config.draft_addresses:
         return LLMEngine(engine_config), None
     k = config.num_speculative_tokens

@@ -33,6 +33,7 @@ class TargetServiceConfig:
     prefill_chunk_tokens: int = 256  # a new prompt's tokens per step while others decode (0 = whole first)
     kv_cache_memory_mb: int = 512
     enable_prefix_caching: bool = True  # reuse the KV (and a draft's state) of shared prompt blocks
+    block_size: int = 16  # tokens per KV block (the prefix cache's unit; give a head's draft the same)
     max_num_seqs: int = 16
     max_model_len: int | None = None
     draft_addresses: tuple[str, ...] = ()  # the draft services (sequences spread over them); () = every request ar
@@ -119,6 +120,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                    help="while requests decode, feed a new prompt this many tokens per step, the decoding requests "
                         "stepping in between (0 = whole prompts first)")
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16,
+                   help="tokens per KV block, the prefix cache's unit (an EAGLE-3 draft service: the same value)")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="compute every prompt token's KV (no reuse of shared prompt blocks; for comparisons)")
     p.add_argument("--draft-address", action="append", dest="draft_addresses", default=None,
@@ -159,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, **step_options_from_args(a),
         prefill_chunk_tokens=a.prefill_chunk_tokens,
         kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
-        enable_prefix_caching=not a.no_prefix_caching,
+        enable_prefix_caching=not a.no_prefix_caching, block_size=a.block_size,
         draft_addresses=draft_addresses(a.draft_addresses, env), num_speculative_tokens=a.k, default_mode=a.default_mode,
         tree_budget=a.tree_budget, tree_top_k=a.tree_topk,
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
