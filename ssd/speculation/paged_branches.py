@@ -11,12 +11,17 @@ from ssd.context import ForwardMode
 from ssd.runtime.model_runner import ForwardItem
 from ssd.speculation.branch_drafter import BranchRequest, GlueRequest, PickFn
 from ssd.speculation.draft_model import DraftModelProposer, _DraftSeq
+from ssd.speculation.draft_vocab import target_vocab
 from ssd.speculation.tree_mask import branch_mask
 
 
 class PagedBranchDrafter:
     def __init__(self, proposer: DraftModelProposer) -> None:
         self.proposer = proposer
+        self.vocab = target_vocab(proposer.worker.model_config.vocab_size)  # a draft model shares the target's
+
+    def release(self, seq_id: int) -> None:
+        pass  # the branch KV lives in the proposer's blocks, freed by its release
 
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
         items = []
@@ -34,7 +39,7 @@ class PagedBranchDrafter:
             state = self.proposer.seqs[r.seq_id]
             state.hold(r.token_ids, r.speculation)  # committed + the speculation
             state.token_ids = r.token_ids
-            out.append(logits[offset : offset + n].float())
+            out.append(logits[offset : offset + n].float().cpu())
             offset += n
         return out
 
@@ -53,7 +58,7 @@ class PagedBranchDrafter:
             logits = self.proposer.worker.runner.forward(items, ForwardMode.TREE).logits  # [sum M, V]
             offset = 0
             for i, toks in enumerate(current):
-                current[i] = pick(i, d, logits[offset : offset + len(toks)].float())
+                current[i] = pick(i, d, logits[offset : offset + len(toks)].float().cpu())
                 result[i].append(current[i])
                 offset += len(toks)
         return [torch.tensor(steps, dtype=torch.long).T.reshape(len(r.tokens), depth)
