@@ -37,8 +37,9 @@ class BranchRequest:
     tokens: list[int]  # [M] each branch's bonus guess (fed at depth 0)
 
 
-# pick(request index, depth, logits [M, Vd] float32 in the drafter's vocabulary) -> the next target id of each branch
-PickFn = Callable[[int, int, torch.Tensor], list[int]]
+# pick(depth, per request logits [M_i, Vd] float32 in the drafter's vocabulary) -> per request the next target id
+# of each of its branches (one call per depth for every sequence, so sampling runs batched)
+PickFn = Callable[[int, list[torch.Tensor]], list[list[int]]]
 
 
 class BranchDrafter(Protocol):

@@ -70,7 +70,7 @@ class Eagle3BranchDrafter:
             masks = [branch_mask(reals[i], glues[i], r.fork_points, d) for i, r in enumerate(requests)]
             positions = [reals[i] + forks[i] + d for i in range(len(requests))]  # [M] each
             hidden, logits = head.forward_many(tokens, hidden, positions, masks, caches)
-            tokens = [torch.tensor(pick(i, d, row.float().cpu())) for i, row in enumerate(logits)]  # target ids
+            tokens = [torch.tensor(t) for t in pick(d, [row.float().cpu() for row in logits])]  # target ids
             for i, t in enumerate(tokens):
                 steps[i].append(t)
         return [torch.stack(s, dim=1) for s in steps]  # [M, depth] each

@@ -56,10 +56,8 @@ class PagedBranchDrafter:
                 items.append(ForwardItem(toks, start, self.proposer.seqs[r.seq_id].block_table,
                                          num_logits=m, positions=positions, attn_mask=mask))
             logits = self.proposer.worker.runner.forward(items, ForwardMode.TREE).logits  # [sum M, V]
-            offset = 0
+            current = pick(d, list(logits.float().cpu().split([len(t) for t in current])))
             for i, toks in enumerate(current):
-                current[i] = pick(i, d, logits[offset : offset + len(toks)].float().cpu())
-                result[i].append(current[i])
-                offset += len(toks)
+                result[i].append(toks)
         return [torch.tensor(steps, dtype=torch.long).T.reshape(len(r.tokens), depth)
                 for steps, r in zip(result, requests, strict=True)]

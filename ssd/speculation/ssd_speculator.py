@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ssd.config import SsdConfig
-from ssd.sampling.sampler import sample_from
+from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.speculation.draft_vocab import DraftVocab, target_vocab
 from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
@@ -30,12 +30,15 @@ from ssd.speculation.speculation import Speculation
 RANKED_GUESSES = 16  # guesses ranked per acceptance length, to measure the miss-rate power law
 
 
-def sample_branch_tokens(logits: torch.Tensor, temperature: float, top: int, c: float,
-                         generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
-    """logits [M, Vd] -> one token per row and the q [M, Vd] it was drawn from (Saguaro-scaled by c on the top);
-    ids and q in the logits' vocabulary (the drafter's: tokens outside it have q = 0 anyway)."""
-    probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [M, V]
-    return sample_from(probs, generator).tolist(), probs
+def sample_branch_tokens(logits: torch.Tensor, temperature: torch.Tensor, top: int, c: float,
+                         generator: list[tuple[torch.Generator, int]]) -> tuple[list[int], torch.Tensor]:
+    """logits [N, Vd] of several requests' branches, temperature [N, 1] per row, generator: (each request's
+    generator, its row count) in row order -> one token per row and the q [N, Vd] it was drawn from
+    (Saguaro-scaled by c on the top); ids and q in the logits' vocabulary (the drafter's: tokens outside it have
+    q = 0 anyway). One softmax and one inverse-CDF draw for all rows; each request draws from its own stream."""
+    probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [N, Vd]
+    generators, sizes = zip(*generator, strict=True)
+    return sample_from_each(probs, list(generators), list(sizes)).tolist(), probs
 
 
 @dataclass
@@ -277,6 +280,31 @@ class SsdSpeculator:
         full = self.drafter.vocab.widen(logits, float("-inf"))  # [n, V]
         return request.grammar.constrain(full, paths), target_vocab(full.shape[-1])
 
+    def _pick_all(self, requests: list[ProposeRequest], logits: list[torch.Tensor], paths: list[list[list[int]]],
+                  vocabs: list[DraftVocab], qs: list[list[torch.Tensor]], top: int, c: float) -> list[list[int]]:
+        """One depth's next token of every branch (ids in vocabs[i], set here); appends each sampled q to qs[i].
+        Greedy requests take the argmax; sampled ones without a grammar draw in one batch, the others alone."""
+        tokens: list[list[int]] = [[] for _ in requests]
+        batch: list[int] = []
+        for i, (r, rows) in enumerate(zip(requests, logits, strict=True)):
+            # under a grammar, each branch's path: the speculation up to its fork, its guess, its tokens
+            logits[i], vocabs[i] = self._constrained(r, rows, paths[i])
+            if r.temperature <= 0:
+                tokens[i] = logits[i].argmax(dim=-1).tolist()
+            elif r.grammar is None:
+                batch.append(i)
+        groups = [batch] if batch else []
+        groups += [[i] for i, r in enumerate(requests) if r.temperature > 0 and r.grammar is not None]
+        for group in groups:
+            sizes = [len(logits[i]) for i in group]
+            temps = torch.cat([torch.full((n, 1), requests[i].temperature) for i, n in zip(group, sizes, strict=True)])
+            drawn, q = sample_branch_tokens(torch.cat([logits[i] for i in group]), temps, top, c,
+                                            [(requests[i].generator, n) for i, n in zip(group, sizes, strict=True)])
+            for i, row, qi in zip(group, _split(drawn, sizes), q.split(sizes), strict=True):
+                tokens[i] = row
+                qs[i].append(qi)
+        return tokens
+
     def _decode(self, branches: list[BranchRequest], owners: list[_Pending], config: SsdConfig) -> None:
         qs: list[list[torch.Tensor]] = [[] for _ in branches]  # [request][depth] -> [M, Vd]
         vocabs = [self.drafter.vocab] * len(branches)  # the vocabulary of each request's q
@@ -285,19 +313,13 @@ class SsdSpeculator:
         paths = [[[*p.spec.tokens[:j], guess] for j, guess in zip(b.fork_points, b.tokens, strict=True)]
                  if p.request.grammar is not None else [] for b, p in zip(branches, owners, strict=True)]
 
-        def pick(i: int, d: int, logits: torch.Tensor) -> list[int]:  # logits [M, Vd]
-            r = owners[i].request
-            # under a grammar, each branch's path: the speculation up to its fork, its guess, its tokens
-            logits, vocabs[i] = self._constrained(r, logits, paths[i])
-            if r.temperature <= 0:
-                tokens = logits.argmax(dim=-1).tolist()
-            else:
-                top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
-                tokens, q = sample_branch_tokens(logits, r.temperature, top, config.saguaro_c, r.generator)
-                qs[i].append(q)
-            tokens = vocabs[i].to_target(tokens)
-            for path, token in zip(paths[i], tokens, strict=False):  # no paths without a grammar
-                path.append(token)
+        def pick(d: int, logits: list[torch.Tensor]) -> list[list[int]]:  # logits [M_i, Vd] per request
+            top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
+            tokens = self._pick_all([p.request for p in owners], logits, paths, vocabs, qs, top, config.saguaro_c)
+            for i, row in enumerate(tokens):
+                tokens[i] = vocabs[i].to_target(row)
+                for path, token in zip(paths[i], tokens[i], strict=False):  # no paths without a grammar
+                    path.append(token)
             return tokens
 
         results = self.drafter.decode_branches(branches, depth, pick)
@@ -306,3 +328,9 @@ class SsdSpeculator:
             q = torch.stack(qs[i], dim=1) if qs[i] else None  # [M, depth, Vd]
             for r, (j, guess) in enumerate(zip(b.fork_points, b.tokens, strict=True)):
                 state.cache[(j, guess)] = _Cached(tokens[r].tolist(), q[r] if q is not None else None, vocabs[i])
+
+
+def _split(items: list[int], sizes: list[int]) -> list[list[int]]:
+    """Consecutive runs of `sizes` items."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [items[a : a + n] for a, n in zip(starts, sizes, strict=True)]

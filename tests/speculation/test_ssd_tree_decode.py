@@ -33,9 +33,9 @@ def _run(drafter, glue_request: GlueRequest, fork_points: list[int]):
     glue = drafter.glue([glue_request])[0]  # [m+1, Vd]: the drafter's vocabulary
     seen: list[torch.Tensor] = []
 
-    def pick(i, d, logits):  # noqa: ANN001, ANN202
-        seen.append(logits.clone())
-        return drafter.vocab.to_target(logits.argmax(dim=-1).tolist())
+    def pick(d, logits):  # noqa: ANN001, ANN202 - one request: logits [M, Vd]
+        seen.append(logits[0].clone())
+        return [drafter.vocab.to_target(logits[0].argmax(dim=-1).tolist())]
 
     req = BranchRequest(glue_request.seq_id, len(COMMITTED), len(SPEC) + 1, fork_points, _guesses(fork_points))
     tokens = drafter.decode_branches([req], DEPTH, pick)[0]  # [M, DEPTH]
