@@ -36,8 +36,17 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     Exact: token i is drawn with probability probs[i] / sum(probs), and a zero-weight token never is.
     On CPU it is ~15x faster than `torch.multinomial` for one row of a 49k vocabulary (0.07 vs 1.0 ms).
     """
+    return sample_from_each(probs, [generator], [probs.shape[0]])
+
+
+def sample_from_each(probs: torch.Tensor, generators: list[torch.Generator | None],
+                     sizes: list[int]) -> torch.Tensor:  # [N, V] -> [N] int64
+    """`sample_from` over consecutive groups of rows (sizes[i] rows draw from generators[i]), in one cumsum and
+    one search for all rows: each group's draws are those `sample_from` would make for it alone."""
     cdf = probs.double().cumsum(dim=-1)  # [N, V]
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [N, 1] in [0, total)
+    u = torch.cat([torch.rand(n, 1, generator=g, dtype=torch.float64)
+                   for g, n in zip(generators, sizes, strict=True)])  # [N, 1] in [0, 1)
+    u = u * cdf[:, -1:]  # in [0, total) per row
     return torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
 
 

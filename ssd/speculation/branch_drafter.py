@@ -4,7 +4,9 @@ After answering a round, the draft (1) runs the speculation it just returned, [b
 its model once (the glue), which leaves its KV consistent with "all accepted" and gives the m+1
 next-token distributions; (2) forks bonus guesses at each acceptance length j; (3) decodes every branch
 of every sequence K steps deep, one batched forward per depth, under the tree mask of ssd/speculation/tree_mask.py.
-A drafter implements (1) and (3) over its own KV; ssd/speculation/ssd_speculator.py does the rest.
+A drafter implements (1) and (3) over its own KV; ssd/speculation/ssd_speculator.py does the rest. Logits come
+in the drafter's own vocabulary (`vocab`: an EAGLE-3 head's trimmed one), so no branch step widens them to the
+target's; tokens in and out are target ids.
 """
 
 from collections.abc import Callable
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from ssd.speculation.draft_vocab import DraftVocab
 
 
 @dataclass(frozen=True)
@@ -33,19 +37,22 @@ class BranchRequest:
     tokens: list[int]  # [M] each branch's bonus guess (fed at depth 0)
 
 
-# pick(request index, depth, logits [M, V] float32) -> the next token of each branch
-PickFn = Callable[[int, int, torch.Tensor], list[int]]
+# pick(depth, per request logits [M_i, Vd] float32 in the drafter's vocabulary) -> per request the next target id
+# of each of its branches (one call per depth for every sequence, so sampling runs batched)
+PickFn = Callable[[int, list[torch.Tensor]], list[list[int]]]
 
 
 class BranchDrafter(Protocol):
+    vocab: DraftVocab  # the vocabulary of the logits it hands out
+
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
-        """Per request: [m+1, V] float32 next-token logits (target vocabulary; -inf where the draft cannot go)."""
+        """Per request: [m+1, Vd] float32 next-token logits on CPU, in `vocab`."""
+        ...
+
+    def release(self, seq_id: int) -> None:
+        """Drop whatever the drafter keeps for the sequence (its proposer's state is released by the proposer)."""
         ...
 
     def decode_branches(self, requests: list[BranchRequest], depth: int, pick: PickFn) -> list[torch.Tensor]:
         """Per request: [M, depth] int64 branch tokens; call only right after `glue` for the same sequences."""
-        ...
-
-    def release(self, seq_id: int) -> None:
-        """Forget every per-sequence state the drafter keeps (the proposer frees the KV)."""
         ...

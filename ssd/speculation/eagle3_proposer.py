@@ -3,7 +3,7 @@
 Per sequence it keeps the head's dense KV and the fused target features g_j (SSD.md; alignment in
 ssd/models/eagle3.py: head position j takes (embedding of x_{j+1}, g_j) and predicts x_{j+2}).
 Each round it first runs the head over committed positions whose real target features arrived
-(the verify forward's accepted path), then drafts: a chain self-conditions step by step; a tree
+(the verify forward's accepted path; one forward for all sequences), then drafts: a chain self-conditions step by step; a tree
 (ssd/speculation/eagle3_tree.py) expands the best top-k children by cumulative log-probability, every frontier
 node of every tree in one tree-masked head forward per depth. Drafted positions are scratch: the next
 round truncates back to the real ones.
@@ -100,9 +100,9 @@ class Eagle3Proposer:
             self.release(seq_id)
         return found
 
-    @torch.inference_mode()
-    def _catch_up(self, r: ProposeRequest) -> tuple[_HeadSeq, torch.Tensor, torch.Tensor]:
-        """Run the head over new real positions; returns (state, last out_hidden [d], last draft log-probs)."""
+    def _prepare(self, r: ProposeRequest) -> tuple[_HeadSeq, int, ProposeRequest]:
+        """Restore a new sequence's cached head blocks, merge the request's real features and truncate to the real
+        positions; -> (state, m real positions, the request with the restored positions' features dropped)."""
         head = self.head
         state = self.seqs.get(r.seq_id)
         if state is None:  # restore at most all but the last position that has inputs: that one gives the logits
@@ -119,19 +119,33 @@ class Eagle3Proposer:
             state.fused = torch.cat([state.fused[:start], feats])
             state.num_real = min(state.num_real, start)
         state.cache.truncate(state.num_real)
-        m = min(len(state.fused), len(r.token_ids) - 1)  # head positions with real inputs
-        if m <= state.num_real and state.rows:
-            hidden, logits = state.rows[-1]
-        else:
-            ids = torch.tensor(r.token_ids[state.num_real + 1 : m + 1])
-            out, logits_all = head(ids, state.fused[state.num_real : m], state.cache)
-            self.num_head_positions += m - state.num_real
-            state.num_real = m
-            if self.prefix_cache is not None:
-                self.prefix_cache.insert(r.token_ids, m, state.cache, state.fused)
-            hidden, logits = out[-1], logits_all[-1]
-            state.rows = [(hidden, logits)]
-        return state, hidden, torch.log_softmax(logits.float(), dim=-1).cpu()
+        return state, min(len(state.fused), len(r.token_ids) - 1), r  # m: head positions with real inputs
+
+    @torch.inference_mode()
+    def _catch_up_many(self, requests: list[ProposeRequest]) -> list[_HeadSeq]:
+        """Run the head over every sequence's new real positions in one forward (causal per sequence); after it
+        each state's rows[-1] is (last out_hidden [d], last draft logits [Vd]), on the head's device."""
+        states, ids, hidden, positions, masks, todo = [], [], [], [], [], []
+        for r in requests:
+            state, m, r = self._prepare(r)
+            states.append(state)
+            if m <= state.num_real and state.rows:
+                continue
+            n, start = m - state.num_real, state.num_real
+            ids.append(torch.tensor(r.token_ids[start + 1 : m + 1]))  # [n]
+            hidden.append(state.fused[start:m])  # [n, d]
+            positions.append(torch.arange(start, m))  # [n]
+            masks.append(torch.arange(start + n)[None, :] <= positions[-1][:, None])  # [n, start + n] causal
+            todo.append((state, m, r))
+        if todo:
+            outs, logits = self.head.forward_many(ids, hidden, positions, masks, [s.cache for s, _, _ in todo])
+            for (state, m, r), out, rows in zip(todo, outs, logits, strict=True):
+                self.num_head_positions += m - state.num_real
+                state.num_real = m
+                if self.prefix_cache is not None:
+                    self.prefix_cache.insert(r.token_ids, m, state.cache, state.fused)
+                state.rows = [(out[-1], rows[-1])]
+        return states
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
         chains = iter(self._chains([r for r in requests if r.tree is None]))
@@ -156,12 +170,10 @@ class Eagle3Proposer:
         """Chain drafts: catch-up per sequence, then one head forward per step for every sequence still drafting.
         A chain under a grammar ends early where no draft-vocabulary token is allowed (the target splices a
         forced token there itself)."""
-        caches, hidden, logprobs = [], [], []
-        for r in requests:
-            state, h, lp = self._catch_up(r)
-            caches.append(state.cache)
-            hidden.append(h)  # [d]
-            logprobs.append(lp)  # [Vd]
+        states = self._catch_up_many(requests)
+        caches = [s.cache for s in states]
+        hidden = [s.rows[-1][0] for s in states]  # [d] each
+        logprobs = [torch.log_softmax(s.rows[-1][1].float(), dim=-1).cpu() for s in states]  # [Vd] each
         limits = [r.num_tokens for r in requests]
         tokens: list[list[int]] = [[] for _ in requests]
         qs: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -193,8 +205,8 @@ class Eagle3Proposer:
     def _trees(self, requests: list[ProposeRequest]) -> list[Speculation]:
         """Token trees: catch-up per sequence, then one head forward per depth for every tree's frontier."""
         trees, caches = [], []
-        for r in requests:
-            state, hidden, logprobs = self._catch_up(r)
+        for r, state in zip(requests, self._catch_up_many(requests), strict=True):
+            hidden, logprobs = state.rows[-1][0], torch.log_softmax(state.rows[-1][1].float(), dim=-1).cpu()
             depth_limit = min(r.num_tokens, r.tree.depth) if r.tree is not None else 0
             allowed = partial(self._allowed, r.grammar) if r.grammar is not None else None
             trees.append(TokenTree(r.tree, depth_limit, state.cache.length, hidden, logprobs, allowed))

@@ -11,12 +11,14 @@ from ssd.context import ForwardMode
 from ssd.runtime.model_runner import ForwardItem
 from ssd.speculation.branch_drafter import BranchRequest, GlueRequest, PickFn
 from ssd.speculation.draft_model import DraftModelProposer, _DraftSeq
+from ssd.speculation.draft_vocab import target_vocab
 from ssd.speculation.tree_mask import branch_mask
 
 
 class PagedBranchDrafter:
     def __init__(self, proposer: DraftModelProposer) -> None:
         self.proposer = proposer
+        self.vocab = target_vocab(proposer.worker.model_config.vocab_size)  # a draft model shares the target's
 
     def release(self, seq_id: int) -> None:
         pass  # no state of its own: the sequence's KV is the proposer's (DraftModelProposer.release frees it)
@@ -37,7 +39,7 @@ class PagedBranchDrafter:
             state = self.proposer.seqs[r.seq_id]
             state.num_cached_tokens = len(r.token_ids) + len(r.speculation)  # committed + the speculation
             state.token_ids = r.token_ids
-            out.append(logits[offset : offset + n].float())
+            out.append(logits[offset : offset + n].float().cpu())
             offset += n
         return out
 
@@ -54,10 +56,8 @@ class PagedBranchDrafter:
                 items.append(ForwardItem(toks, start, self.proposer.seqs[r.seq_id].block_table,
                                          num_logits=m, positions=positions, attn_mask=mask))
             logits = self.proposer.worker.runner.forward(items, ForwardMode.TREE).logits  # [sum M, V]
-            offset = 0
+            current = pick(d, list(logits.float().cpu().split([len(t) for t in current])))
             for i, toks in enumerate(current):
-                current[i] = pick(i, d, logits[offset : offset + len(toks)].float())
-                result[i].append(current[i])
-                offset += len(toks)
+                result[i].append(toks)
         return [torch.tensor(steps, dtype=torch.long).T.reshape(len(r.tokens), depth)
                 for steps, r in zip(result, requests, strict=True)]

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ssd.config import SsdConfig
-from ssd.sampling.sampler import sample_from
+from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
+from ssd.speculation.draft_vocab import DraftVocab, target_vocab
 from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import Proposer, ProposeRequest
@@ -30,17 +31,22 @@ from ssd.speculation.speculation import Speculation
 RANKED_GUESSES = 16  # guesses ranked per acceptance length, to measure the miss-rate power law
 
 
-def sample_branch_tokens(logits: torch.Tensor, temperature: float, top: int, c: float,
-                         generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
-    """logits [M, V] -> one token per row and the q [M, V] it was drawn from (Saguaro-scaled by c on the top)."""
-    probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [M, V]
-    return sample_from(probs, generator).tolist(), probs
+def sample_branch_tokens(logits: torch.Tensor, temperature: torch.Tensor, top: int, c: float,
+                         generator: list[tuple[torch.Generator, int]]) -> tuple[list[int], torch.Tensor]:
+    """logits [N, Vd] of several requests' branches, temperature [N, 1] per row, generator: (each request's
+    generator, its row count) in row order -> one token per row and the q [N, Vd] it was drawn from
+    (Saguaro-scaled by c on the top); ids and q in the logits' vocabulary (the drafter's: tokens outside it have
+    q = 0 anyway). One softmax and one inverse-CDF draw for all rows; each request draws from its own stream."""
+    probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [N, Vd]
+    generators, sizes = zip(*generator, strict=True)
+    return sample_from_each(probs, list(generators), list(sizes)).tolist(), probs
 
 
 @dataclass
 class _Cached:
     tokens: list[int]  # K draft tokens after the key's bonus token
-    q: torch.Tensor | None  # [K, V] float32 the (Saguaro-scaled) distributions they were drawn from
+    q: torch.Tensor | None  # [K, Vd] float32 the (Saguaro-scaled) distributions they were drawn from, in `vocab`
+    vocab: DraftVocab  # q's vocabulary: widened to the target's only when the speculation is returned
 
 
 @dataclass
@@ -163,7 +169,8 @@ class SsdSpeculator:
                 misses.append(r)
                 continue
             n = r.num_tokens
-            out[r.seq_id] = Speculation(cached.tokens[:n], None, cached.q[:n] if cached.q is not None else None,
+            q = cached.vocab.widen(cached.q[:n], 0.0) if cached.q is not None else None  # [n, V]
+            out[r.seq_id] = Speculation(cached.tokens[:n], None, q,
                                         cache_hit=True, predicted_hit=predicted)
         lookup = time.perf_counter() - started
         consumed = self._backup(misses, config, len(requests), out)  # seq ids whose features a backup used
@@ -239,17 +246,17 @@ class SsdSpeculator:
         self.counters.build_s += self.counters.last_build_s
 
     def _fork(self, p: _Pending, logits: torch.Tensor, config: SsdConfig) -> BranchRequest:
-        """Bonus guesses per acceptance length j from the glue's logits [m+1, V]; records the ranked guesses."""
+        """Bonus guesses per acceptance length j from the glue's logits [m+1, Vd]; records the ranked guesses."""
         state = self.seqs[p.request.seq_id]
         spec = p.spec.tokens
         shape = self.shape(bool(p.spec.cache_hit), len(spec), config)
-        if p.request.grammar is not None:  # structured output: guess only bonus tokens the grammar allows
-            logits = p.request.grammar.constrain(logits, [spec[:j] for j in range(len(logits))])
+        logits, vocab = self._constrained(p.request, logits, [spec[:j] for j in range(len(logits))])
         top = logits.topk(min(RANKED_GUESSES + 1, logits.shape[-1]), dim=-1)  # [m+1, 17]
         estimator = self.after_hit if p.spec.cache_hit else self.after_miss
         a = estimator.a
         for j, (row, values) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True)):
             excluded = spec[j] if j < len(spec) else None
+            row = vocab.to_target(row)
             ranked = [t for t, v in zip(row, values, strict=True) if t != excluded and v > float("-inf")]
             state.guesses.append(ranked[:RANKED_GUESSES])
         # P(the round stops at j) under the measured geometric acceptance
@@ -263,30 +270,67 @@ class SsdSpeculator:
         state.predicted_hit = predicted
         return BranchRequest(p.request.seq_id, len(p.request.token_ids), len(spec) + 1, fork_points, tokens)
 
+    def _constrained(self, request: ProposeRequest, logits: torch.Tensor,
+                     paths: list[list[int]]) -> tuple[torch.Tensor, DraftVocab]:
+        """logits [n, Vd] in the drafter's vocabulary -> (logits, their vocabulary): unchanged without a grammar;
+        under one, widened to the target's and limited to what it allows after each path (a row the trimmed
+        vocabulary cannot continue becomes uniform over the allowed target tokens)."""
+        if request.grammar is None:
+            return logits, self.drafter.vocab
+        full = self.drafter.vocab.widen(logits, float("-inf"))  # [n, V]
+        return request.grammar.constrain(full, paths), target_vocab(full.shape[-1])
+
+    def _pick_all(self, requests: list[ProposeRequest], logits: list[torch.Tensor], paths: list[list[list[int]]],
+                  vocabs: list[DraftVocab], qs: list[list[torch.Tensor]], top: int, c: float) -> list[list[int]]:
+        """One depth's next token of every branch (ids in vocabs[i], set here); appends each sampled q to qs[i].
+        Greedy requests take the argmax; sampled ones without a grammar draw in one batch, the others alone."""
+        tokens: list[list[int]] = [[] for _ in requests]
+        batch: list[int] = []
+        for i, (r, rows) in enumerate(zip(requests, logits, strict=True)):
+            # under a grammar, each branch's path: the speculation up to its fork, its guess, its tokens
+            logits[i], vocabs[i] = self._constrained(r, rows, paths[i])
+            if r.temperature <= 0:
+                tokens[i] = logits[i].argmax(dim=-1).tolist()
+            elif r.grammar is None:
+                batch.append(i)
+        groups = [batch] if batch else []
+        groups += [[i] for i, r in enumerate(requests) if r.temperature > 0 and r.grammar is not None]
+        for group in groups:
+            sizes = [len(logits[i]) for i in group]
+            temps = torch.cat([torch.full((n, 1), requests[i].temperature) for i, n in zip(group, sizes, strict=True)])
+            drawn, q = sample_branch_tokens(torch.cat([logits[i] for i in group]), temps, top, c,
+                                            [(requests[i].generator, n) for i, n in zip(group, sizes, strict=True)])
+            for i, row, qi in zip(group, _split(drawn, sizes), q.split(sizes), strict=True):
+                tokens[i] = row
+                qs[i].append(qi)
+        return tokens
+
     def _decode(self, branches: list[BranchRequest], owners: list[_Pending], config: SsdConfig) -> None:
-        qs: list[list[torch.Tensor]] = [[] for _ in branches]  # [request][depth] -> [M, V]
+        qs: list[list[torch.Tensor]] = [[] for _ in branches]  # [request][depth] -> [M, Vd]
+        vocabs = [self.drafter.vocab] * len(branches)  # the vocabulary of each request's q
         depth = max(p.request.num_tokens for p in owners)
         hit_shape = self.shape(True, depth, config)
         paths = [[[*p.spec.tokens[:j], guess] for j, guess in zip(b.fork_points, b.tokens, strict=True)]
                  if p.request.grammar is not None else [] for b, p in zip(branches, owners, strict=True)]
 
-        def pick(i: int, d: int, logits: torch.Tensor) -> list[int]:  # logits [M, V]
-            r = owners[i].request
-            if r.grammar is not None:  # each branch's path: the speculation up to its fork, its guess, its tokens
-                logits = r.grammar.constrain(logits, paths[i])
-            if r.temperature <= 0:
-                tokens = logits.argmax(dim=-1).tolist()
-            else:
-                top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
-                tokens, q = sample_branch_tokens(logits, r.temperature, top, config.saguaro_c, r.generator)
-                qs[i].append(q)
-            for path, token in zip(paths[i], tokens, strict=False):  # no paths without a grammar
-                path.append(token)
+        def pick(d: int, logits: list[torch.Tensor]) -> list[list[int]]:  # logits [M_i, Vd] per request
+            top = hit_shape[min(d, len(hit_shape) - 1)] + 1  # the guesses at this depth and s_{d+1} itself
+            tokens = self._pick_all([p.request for p in owners], logits, paths, vocabs, qs, top, config.saguaro_c)
+            for i, row in enumerate(tokens):
+                tokens[i] = vocabs[i].to_target(row)
+                for path, token in zip(paths[i], tokens[i], strict=False):  # no paths without a grammar
+                    path.append(token)
             return tokens
 
         results = self.drafter.decode_branches(branches, depth, pick)
         for i, (b, tokens) in enumerate(zip(branches, results, strict=True)):
             state = self.seqs[b.seq_id]
-            q = torch.stack(qs[i], dim=1) if qs[i] else None  # [M, depth, V]
+            q = torch.stack(qs[i], dim=1) if qs[i] else None  # [M, depth, Vd]
             for r, (j, guess) in enumerate(zip(b.fork_points, b.tokens, strict=True)):
-                state.cache[(j, guess)] = _Cached(tokens[r].tolist(), q[r] if q is not None else None)
+                state.cache[(j, guess)] = _Cached(tokens[r].tolist(), q[r] if q is not None else None, vocabs[i])
+
+
+def _split(items: list[int], sizes: list[int]) -> list[list[int]]:
+    """Consecutive runs of `sizes` items."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [items[a : a + n] for a, n in zip(starts, sizes, strict=True)]

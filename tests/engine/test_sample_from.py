@@ -2,7 +2,7 @@
 
 import torch
 
-from ssd.sampling.sampler import sample_from
+from ssd.sampling.sampler import sample_from, sample_from_each
 
 
 def test_frequencies_match_the_weights_row_by_row():
@@ -22,3 +22,13 @@ def test_one_hot_and_same_seed_same_draws():
     probs = torch.softmax(torch.randn(4, 1000), -1)
     a = sample_from(probs, torch.Generator().manual_seed(5))
     assert torch.equal(a, sample_from(probs, torch.Generator().manual_seed(5)))
+
+
+def test_grouped_draws_are_each_groups_own():
+    """sample_from_each over several requests' rows draws exactly what sample_from draws for each alone."""
+    probs = torch.softmax(torch.randn(7, 500, generator=torch.Generator().manual_seed(2)), -1)
+    sizes, seeds = [3, 1, 3], [11, 12, 13]
+    together = sample_from_each(probs, [torch.Generator().manual_seed(s) for s in seeds], sizes)
+    alone = torch.cat([sample_from(rows, torch.Generator().manual_seed(s))
+                       for rows, s in zip(probs.split(sizes), seeds, strict=True)])
+    assert torch.equal(together, alone)

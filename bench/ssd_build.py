@@ -1,0 +1,72 @@
+"""Time the SSD cache build against the verify forward it has to hide behind, in one process.
+
+    python -m bench.ssd_build --batch 1,4,16 --temp 0,0.7 --output-len 48 --threads 1
+
+For each (batch, temperature): SSD with the shipped EAGLE-3 head generates `--output-len` tokens for `batch`
+prompts (MT-Bench and HumanEval in turn). The build runs synchronously right after each answer (the speculator's
+own `propose`), so build and verify never share the cores and each is timed alone. Prints, per case, the mean
+build ms per round, the mean verify ms per round and their ratio (the build hides inside the verify when <= 1).
+Compare two checkouts by running this file with PYTHONPATH set to each, one after the other.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+from bench.datasets import load_prompts
+from ssd.config import SpeculationConfig, SsdConfig
+from ssd.llm import LLM
+from ssd.model_store import DEFAULT_DRAFT, DEFAULT_MODEL
+from ssd.sampling.params import SamplingParams
+
+
+def _prompts(llm: LLM, batch: int) -> list[list[int]]:
+    pool = [p for pair in zip(load_prompts("mtbench", 8), load_prompts("humaneval", 8), strict=True) for p in pair]
+    texts = [llm.chat_prompt([{"role": "user", "content": p.text}]) if p.is_chat else p.text for p in pool]
+    return [llm.tokenizer.encode(texts[i % len(texts)]) for i in range(batch)]
+
+
+def time_case(llm: LLM, batch: int, temperature: float, output_len: int) -> dict[str, float]:
+    """Mean build and verify milliseconds per round for one batch of `batch` sequences."""
+    spec, ssd = llm.engine.spec, llm.engine.spec.proposer.counters
+    before = (spec.counters.num_rounds, spec.counters.verify_s, ssd.num_builds, ssd.build_s)
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, seed=0)
+    started = time.perf_counter()
+    llm.generate(_prompts(llm, batch), [params] * batch)
+    wall = time.perf_counter() - started
+    rounds = spec.counters.num_rounds - before[0]
+    verify_ms = 1e3 * (spec.counters.verify_s - before[1]) / max(rounds, 1)
+    build_ms = 1e3 * (ssd.build_s - before[3]) / max(ssd.num_builds - before[2], 1)
+    return {"batch": batch, "temperature": temperature, "rounds": rounds, "build_ms": round(build_ms, 2),
+            "verify_ms": round(verify_ms, 2), "build_over_verify": round(build_ms / verify_ms, 3),
+            "wall_s": round(wall, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--batch", default="1,4,16")
+    parser.add_argument("--temp", default="0,0.7")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--output-len", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, k_schedule=((64, args.k),),
+                             ssd=SsdConfig(backup="neural"))
+    llm = LLM(args.model, dtype=args.dtype, speculation=spec)
+    overlapped = llm.engine.spec.proposer
+    llm.engine.spec.proposer = overlapped.speculator  # answer + build one after the other: each timed alone
+    overlapped.close()
+    time_case(llm, 1, 0.0, 8)  # warm-up
+    for batch in (int(b) for b in args.batch.split(",")):
+        for temperature in (float(t) for t in args.temp.split(",")):
+            print(json.dumps(time_case(llm, batch, temperature, args.output_len)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
