@@ -98,6 +98,7 @@ def compiled_stack(weights: list[torch.Tensor], rows: int) -> Callable[[torch.Te
 
     inductor.freezing = True  # the C++ GEMM template wants constant weights, packed at compile time
     inductor.max_autotune_gemm_backends = "CPP,ATEN"
+    torch._dynamo.config.recompile_limit = 64  # one graph per (shape, rows): more than dynamo's default 8
     stack = _Stack(weights).eval()
     fn = torch.compile(stack, mode="max-autotune", dynamic=False, fullgraph=True)
     with torch.no_grad():
