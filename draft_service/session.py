@@ -134,7 +134,7 @@ class Session:
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
                      target=self.target_id, seq_id=p.seq_id)
         if self.feature_width and p.num_cached_tokens:
-            seq.num_features = restore_prefix(self.proposer, seq.internal_id, p)
+            seq.features.end = restore_prefix(self.proposer, seq.internal_id, p)  # the head holds positions 0..N-2
         self._features(seq, p)
         if p.HasField("grammar"):
             seq.grammar, seq.answer_start = self._grammar(p), p.answer_start

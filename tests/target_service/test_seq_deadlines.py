@@ -28,7 +28,7 @@ def test_a_prefill_carries_the_time_left_only_when_there_is_a_deadline():
         proposer.deadlines.set(1, time.monotonic() + 2.0)
         round_ = draft_pb2.Round()
         for seq_id in (1, 2):
-            proposer._entry(SimpleNamespace(known={}), ProposeRequest(seq_id, [1, 2], 3, 0.0, torch.Generator()),
+            proposer._entry(SimpleNamespace(known={}, sends_features=False), ProposeRequest(seq_id, [1, 2], 3, 0.0, torch.Generator()),
                             round_)
     finally:
         proposer.close()
