@@ -22,13 +22,18 @@ def _keyed_by(obj: object, seq_id: int) -> list[str]:
     return [name for name, value in vars(obj).items() if isinstance(value, dict) and seq_id in value]
 
 
-def test_release_forgets_the_sequence_everywhere(tmp_path):
+def _head_stack(tmp_path) -> tuple:  # noqa: ANN001
+    """(target config, EAGLE-3 proposer, its branch drafter) over a tiny target and head."""
     target, head_dir = tmp_path / "target", tmp_path / "head"
     hf = write_tiny_checkpoint(target, "llama", seed=0).float().eval()
     write_tiny_head(head_dir, target)
     tc = load_model_config(target)
     proposer = Eagle3Proposer(head_dir, hf.model.embed_tokens.weight.detach(), tc, "float32")
-    drafter = Eagle3BranchDrafter(proposer)
+    return tc, proposer, Eagle3BranchDrafter(proposer)
+
+
+def test_release_forgets_the_sequence_everywhere(tmp_path):
+    tc, proposer, drafter = _head_stack(tmp_path)
     ssd = SsdSpeculator(proposer, drafter, SsdConfig(backup="neural", fan_out_budget=8))
     overlapped = OverlappedSpeculator(ssd)
     torch.manual_seed(0)
@@ -49,12 +54,7 @@ def test_release_forgets_the_sequence_everywhere(tmp_path):
 
 
 def test_release_frees_everything_keyed_by_the_sequence(tmp_path):
-    target, head_dir = tmp_path / "target", tmp_path / "head"
-    hf = write_tiny_checkpoint(target, "llama", seed=0).float().eval()
-    write_tiny_head(head_dir, target)
-    tc = load_model_config(target)
-    proposer = Eagle3Proposer(head_dir, hf.model.embed_tokens.weight.detach(), tc, "float32")
-    drafter = Eagle3BranchDrafter(proposer)
+    tc, proposer, drafter = _head_stack(tmp_path)
     ssd = SsdSpeculator(proposer, drafter, SsdConfig(backup="neural", fan_out_budget=0))  # no branches: glue only
     torch.manual_seed(0)
     tokens = {1: [5, 6, 7, 8, 9], 2: [20, 21, 22, 23]}
