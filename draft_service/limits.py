@@ -56,6 +56,18 @@ def check_round(round_: draft_pb2.Round, limits: SessionLimits) -> None:
         raise InvalidRequestError(f"a round carries at most {limits.max_round_tokens} new tokens, this one {tokens}")
 
 
+MAX_TEMPERATURE = 100.0  # a draft temperature past it is a malformed Prefill
+
+
+def check_prefill_fields(token_ids: Sequence[int], temperature: float, vocab_size: int,
+                         limits: SessionLimits) -> None:
+    """A Prefill's own fields: its tokens (see check_tokens) and its draft temperature in [0, MAX_TEMPERATURE]
+    (NaN refused). Raises InvalidRequestError (the sequence is refused)."""
+    check_tokens(token_ids, vocab_size, limits, len(token_ids))
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:  # also refuses NaN
+        raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}")
+
+
 def check_tokens(token_ids: Sequence[int], vocab_size: int, limits: SessionLimits, total_len: int) -> None:
     """A sequence's new tokens: ids in [0, vocab_size) (any id >= 0 when vocab_size is 0) and the sequence's
     `total_len` within the model's length. Raises InvalidRequestError (the sequence is refused)."""

@@ -12,8 +12,14 @@ its next message, so no worker call of this session mutates `session.seqs` meanw
 from dataclasses import dataclass, field
 
 from draft_service.deadlines import SessionDeadlines
-from draft_service.limits import check_feature_rows, check_feature_tensor, check_round, check_tokens
-from draft_service.session import MAX_TEMPERATURE, Session
+from draft_service.limits import (
+    check_feature_rows,
+    check_feature_tensor,
+    check_prefill_fields,
+    check_round,
+    check_tokens,
+)
+from draft_service.session import Session
 from protos.ssd.v1 import draft_pb2
 from ssd.errors import InvalidRequestError
 
@@ -28,9 +34,7 @@ class Screened:
 def _check_prefill(p: draft_pb2.Prefill, session: Session) -> None:
     if not p.token_ids:
         raise InvalidRequestError("a Prefill needs its tokens")
-    check_tokens(p.token_ids, session.vocab_size, session.limits, len(p.token_ids))
-    if not 0.0 <= p.temperature <= MAX_TEMPERATURE:  # also refuses NaN
-        raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {p.temperature}")
+    check_prefill_fields(p.token_ids, p.temperature, session.vocab_size, session.limits)
     if session.feature_width and p.HasField("features"):
         check_feature_tensor(p.features, session.feature_width)
         check_feature_rows(p.features.shape[0], p.features_start, len(p.token_ids))

@@ -24,6 +24,7 @@ from draft_service.limits import (
     SessionLimits,
     check_feature_rows,
     check_feature_tensor,
+    check_prefill_fields,
     check_round,
     check_tokens,
 )
@@ -47,7 +48,6 @@ from tensor_transport import torch_tensors
 
 log = structlog.get_logger(__name__)
 
-MAX_TEMPERATURE = 100.0  # a draft temperature past it is a malformed Prefill
 _internal_ids = itertools.count(1)  # service-wide proposer ids (a plain counter; no import-time work)
 
 
@@ -119,9 +119,7 @@ class Session:
 
     def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
         """A new sequence; InvalidRequestError / ResourceExhaustedError refuse it (nothing is registered)."""
-        check_tokens(p.token_ids, self.vocab_size, self.limits, len(p.token_ids))
-        if not 0.0 <= p.temperature <= MAX_TEMPERATURE:  # also refuses NaN
-            raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {p.temperature}")
+        check_prefill_fields(p.token_ids, p.temperature, self.vocab_size, self.limits)
         if p.seq_id not in self.seqs and len(self.seqs) >= self.limits.max_sequences:
             raise ResourceExhaustedError(f"this session already holds {len(self.seqs)} sequences, its limit")
         old = self.seqs.pop(p.seq_id, None)
