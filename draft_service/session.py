@@ -1,4 +1,4 @@
-"""One target's session on the draft: its sequences' committed tokens, target features and random streams.
+"""One target's session on the draft: one DraftRecord per sequence (ssd/speculation/draft_record.py).
 
 Target sequence ids are scoped to the session; the shared proposer sees service-unique ids, so
 several targets can use one draft (and one draft KV pool) at once. A proposer that drafts from
@@ -14,7 +14,7 @@ from its speculation cache; `answer` returns the cache build to run after the an
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 import torch
@@ -38,8 +38,8 @@ from ssd.errors import (
     ResourceExhaustedError,
     UnknownSequenceError,
 )
-from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler, GrammarState
-from ssd.speculation.feature_log import FeatureLog
+from ssd.sampling.grammar import Grammar, GrammarCompiler, GrammarState
+from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Speculation
@@ -49,24 +49,6 @@ from tensor_transport import torch_tensors
 log = structlog.get_logger(__name__)
 
 _internal_ids = itertools.count(1)  # service-wide proposer ids (a plain counter; no import-time work)
-
-
-@dataclass
-class DraftSequence:
-    internal_id: int  # the id the proposer knows
-    token_ids: list[int]  # committed tokens (prompt + output)
-    temperature: float  # draft sampling temperature
-    generator: torch.Generator  # the draft's random stream for this sequence
-    features: FeatureLog = field(default_factory=FeatureLog)  # target features arrived, not yet proposed from
-    is_ssd: bool = False  # answered from the SSD speculation cache (its Prefill asked, and the draft is neural)
-    grammar: GrammarState | None = None  # structured output: the Prefill's grammar, compiled here
-    answer_start: int = 0  # where the answer starts in token_ids (the grammar follows the tokens from there)
-
-    @property
-    def has_features(self) -> bool:
-        """Whether every position but the last (its features come with its verify) has target features (a gap
-        is never filled: the sequence then stays undraftable)."""
-        return self.features.end >= max(1, len(self.token_ids) - 1)
 
 
 def features_from(tensor: common_pb2.Tensor, width: int, tensors: SessionTensors,
@@ -100,39 +82,33 @@ class Session:
         self.ssd = ssd
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
-        self.seqs: dict[int, DraftSequence] = {}  # target seq id -> state
+        self.seqs: dict[int, DraftRecord] = {}  # target seq id -> its record
         self.device = device or torch.device("cpu")  # where the draft's model lives
         self.tensors = torch_tensors.session_tensors(self.device)  # inline until Hello / Ready agree on more
         self.last_build_s = 0.0  # this session's previous SSD cache build
         self._said_no_ssd = False  # an ssd Prefill on a draft without SSD is logged once per session
         self._said_grammar = False  # the first sequence drafted under its grammar is logged once per session
 
-    def _proposer_of(self, seq: DraftSequence) -> Proposer:
-        """The SsdSpeculator for SSD sequences (it delegates observe / release to the neural draft)."""
-        return self.ssd if seq.is_ssd and self.ssd is not None else self.proposer
-
-    def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
+    def _features(self, seq: DraftRecord, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
             features = features_from(msg.features, self.feature_width, self.tensors, self.device)  # [n, F]
             check_feature_rows(len(features), msg.features_start, len(seq.token_ids))
             seq.features.add(msg.features_start, features)
 
-    def _prefill(self, p: draft_pb2.Prefill) -> DraftSequence:
+    def _prefill(self, p: draft_pb2.Prefill) -> DraftRecord:
         """A new sequence; InvalidRequestError / ResourceExhaustedError refuse it (nothing is registered)."""
         check_prefill_fields(p.token_ids, p.temperature, self.vocab_size, self.limits)
         if p.seq_id not in self.seqs and len(self.seqs) >= self.limits.max_sequences:
             raise ResourceExhaustedError(f"this session already holds {len(self.seqs)} sequences, its limit")
-        old = self.seqs.pop(p.seq_id, None)
-        if old is not None:
-            self._proposer_of(old).release(old.internal_id)
-        seq = DraftSequence(next(_internal_ids), list(p.token_ids), p.temperature,
-                            torch.Generator().manual_seed(p.seed), is_ssd=p.ssd and self.ssd is not None)
+        self.release([p.seq_id])
+        seq = DraftRecord(next(_internal_ids), list(p.token_ids), p.temperature,
+                          torch.Generator().manual_seed(p.seed), is_ssd=p.ssd and self.ssd is not None)
         if p.ssd and self.ssd is None and not self._said_no_ssd:
             self._said_no_ssd = True
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
                      target=self.target_id, seq_id=p.seq_id)
         if self.feature_width and p.num_cached_tokens:
-            seq.features.end = restore_prefix(self.proposer, seq.internal_id, p)  # the head holds positions 0..N-2
+            seq.features.end = restore_prefix(self.proposer, seq.seq_id, p)  # the head holds positions 0..N-2
         self._features(seq, p)
         if p.HasField("grammar"):
             seq.grammar, seq.answer_start = self._grammar(p), p.answer_start
@@ -160,7 +136,7 @@ class Session:
             log.info("drafting structured output under its grammar", target=self.target_id, seq_id=p.seq_id, kind=kind)
         return state
 
-    def _outcome(self, o: draft_pb2.Outcome) -> DraftSequence:
+    def _outcome(self, o: draft_pb2.Outcome) -> DraftRecord:
         seq = self.seqs.get(o.seq_id)
         if seq is None:
             raise UnknownSequenceError(f"unknown sequence id {o.seq_id} on this session; send a Prefill first")
@@ -168,19 +144,15 @@ class Session:
             raise InvalidRequestError(f"sequence {o.seq_id}: num_committed_before {o.num_committed_before} "
                                       f"is past the {len(seq.token_ids)} tokens the draft holds")
         check_tokens(o.new_token_ids, self.vocab_size, self.limits, o.num_committed_before + len(o.new_token_ids))
-        if seq.grammar is not None and o.num_committed_before < len(seq.token_ids):
-            seq.grammar = None  # its matcher cannot step back over dropped tokens: draft on without it
-        outcome = round_outcome(seq.internal_id, o)
-        del seq.token_ids[o.num_committed_before :]
-        seq.token_ids.extend(o.new_token_ids)
-        seq.features.truncate(o.num_committed_before)  # features past it were of dropped tokens
+        outcome = round_outcome(seq.seq_id, o)
+        seq.commit(outcome)
         self._features(seq, o)
-        self._proposer_of(seq).observe(seq.internal_id, outcome)
+        self.proposer.observe(seq.seq_id, outcome)
         return seq
 
-    def _apply(self, round_: draft_pb2.Round, out: draft_pb2.Speculations) -> list[tuple[int, DraftSequence]]:
+    def _apply(self, round_: draft_pb2.Round, out: draft_pb2.Speculations) -> list[tuple[int, DraftRecord]]:
         """Apply the round's prefills and outcomes; the sequences to propose for (errors go to `out`)."""
-        ready: list[tuple[int, DraftSequence]] = []
+        ready: list[tuple[int, DraftRecord]] = []
         for p in round_.prefills:
             if not p.token_ids:
                 out.errors.add(seq_id=p.seq_id, code="INVALID_ARGUMENT", message="a Prefill needs its tokens")
@@ -236,7 +208,7 @@ class Session:
             out.items.append(to_message(seq_id, spec, self.tensors))
         return RoundResult(out, job)
 
-    def _answer_ssd(self, options: draft_pb2.SsdOptions, asking: list[tuple[int, DraftSequence]], k: int,
+    def _answer_ssd(self, options: draft_pb2.SsdOptions, asking: list[tuple[int, DraftRecord]], k: int,
                     specs: dict[int, Speculation], out: draft_pb2.Speculations, wait_s: float) -> BuildJob | None:
         """SSD sequences' answers (cache hits, or backups for the misses) into `specs`; the build to run next.
         Bad options are an INVALID_ARGUMENT error for each of these sequences (the session goes on)."""
@@ -248,7 +220,7 @@ class Session:
                 out.errors.add(seq_id=seq_id, code="INVALID_ARGUMENT", message=f"SSD options: {e}")
             return None
         requests = [self._request(seq, k, None) for _, seq in asking]  # SSD speculates chains
-        answers, job = self.ssd.answer(requests, config)
+        answers, job = self.ssd.answer(requests, [seq for _, seq in asking], config)
         specs.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
         out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
         return job
@@ -266,17 +238,18 @@ class Session:
         finally:
             self.last_build_s = time.perf_counter() - started
 
-    def _request(self, seq: DraftSequence, k: int, tree: TreeShape | None) -> ProposeRequest:
+    def _request(self, seq: DraftRecord, k: int, tree: TreeShape | None) -> ProposeRequest:
         features_start, features = seq.features.take()  # [n, F] or None
-        grammar = AnswerGrammar(seq.grammar, seq.token_ids[seq.answer_start :]) if seq.grammar is not None else None
-        return ProposeRequest(seq.internal_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
-                              features, features_start, ssd=seq.is_ssd, grammar=grammar)
+        return ProposeRequest(seq.seq_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
+                              features, features_start, ssd=seq.is_ssd, grammar=seq.answer_grammar())
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             seq = self.seqs.pop(seq_id, None)
-            if seq is not None:
-                self._proposer_of(seq).release(seq.internal_id)
+            if seq is not None and seq.is_ssd and self.ssd is not None:
+                self.ssd.release(seq)  # its model state, and the proposer's
+            elif seq is not None:
+                self.proposer.release(seq.seq_id)
 
     def close(self) -> None:
         self.release(list(self.seqs))

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 import torch
 
-from ssd.sampling.grammar import AnswerGrammar, GrammarState
+from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
@@ -74,47 +74,53 @@ def draft_generator(target: torch.Generator) -> torch.Generator:
 
 class OverlappedSpeculator:
     """The Proposer protocol over an SsdSpeculator on a SpeculatorWorker: `propose` answers and returns while the
-    worker builds the next cache, overlapping the caller's verify forward."""
+    worker builds the next cache, overlapping the caller's verify forward. It owns the sequences' DraftRecords
+    (the dict on the caller's thread; what is in them on the worker's)."""
 
     def __init__(self, speculator: SsdSpeculator, worker: SpeculatorWorker | None = None) -> None:
         self.speculator = speculator
         self.worker = worker or SpeculatorWorker()
         self.feature_layers = speculator.feature_layers
-        self.generators: dict[int, torch.Generator] = {}  # seq id -> the draft's random stream
-        self.grammars: dict[int, GrammarState] = {}  # seq id -> the draft's grammar matcher
+        self.records: dict[int, DraftRecord] = {}  # seq id -> the draft's record of it
 
     @property
     def counters(self):  # noqa: ANN201 - SsdCounters
         return self.speculator.counters
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
-        # The caller's token lists keep growing while the worker builds: the speculator gets a snapshot, and its
-        # own random stream and grammar matcher (the caller's go on being used on the caller's thread).
-        own = [replace(r, token_ids=list(r.token_ids), generator=self._generator(r), grammar=self._grammar(r))
-               for r in requests]
-        specs, job = self.worker.call(self.speculator.answer, own)
+        # The caller's token lists keep growing while the worker builds: the speculator gets a snapshot, and the
+        # record's own random stream and grammar matcher (the caller's go on being used on the caller's thread).
+        records = [self._record(r) for r in requests]
+        own = [replace(r, token_ids=rec.token_ids, generator=rec.generator,
+                       grammar=rec.answer_grammar() if r.grammar is not None else None)
+               for r, rec in zip(requests, records, strict=True)]
+        specs, job = self.worker.call(self.speculator.answer, own, records)
         self.worker.submit_build(self.speculator.build, job)
         return specs
 
-    def _generator(self, r: ProposeRequest) -> torch.Generator:
-        if r.seq_id not in self.generators:
-            self.generators[r.seq_id] = draft_generator(r.generator)
-        return self.generators[r.seq_id]
-
-    def _grammar(self, r: ProposeRequest) -> AnswerGrammar | None:
-        if r.grammar is None:
-            return None
-        if r.seq_id not in self.grammars:
-            self.grammars[r.seq_id] = r.grammar.state.copy()
-        return AnswerGrammar(self.grammars[r.seq_id], list(r.grammar.output_ids))
+    def _record(self, r: ProposeRequest) -> DraftRecord:
+        """The sequence's record (made at its first propose), its tokens now a snapshot of the request's (a new
+        list: the one a queued build reads never changes), with its own grammar matcher once the request has one."""
+        record = self.records.get(r.seq_id)
+        if record is None:
+            record = self.records[r.seq_id] = DraftRecord(r.seq_id, [], r.temperature, draft_generator(r.generator),
+                                                           is_ssd=True)
+        record.token_ids = list(r.token_ids)
+        if r.grammar is not None:
+            record.grammar = record.grammar or r.grammar.state.copy()
+            record.answer_start = len(r.token_ids) - len(r.grammar.output_ids)
+        return record
 
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
-        self.worker.submit(self.speculator.observe, seq_id, outcome)
+        record = self.records.get(seq_id)
+        if record is not None:
+            self.worker.submit(record.observe, outcome)
+        self.worker.submit(self.speculator.neural.observe, seq_id, outcome)
 
     def release(self, seq_id: int) -> None:
-        self.generators.pop(seq_id, None)
-        self.grammars.pop(seq_id, None)
-        self.worker.submit(self.speculator.release, seq_id)
+        record = self.records.pop(seq_id, None)
+        if record is not None:
+            self.worker.submit(self.speculator.release, record)
 
     def close(self) -> None:
         self.worker.close()

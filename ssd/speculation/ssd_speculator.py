@@ -1,30 +1,30 @@
 """The draft side of SSD (SSD.md sections 2-5): answer from the speculation cache, then build the next one.
 
-`answer` handles one round for a batch: it takes each sequence's outcome (k accepted, bonus) as the verifier
-counted it (`observe`), returns the cached speculation for that key (a hit) or a backup (a miss: the neural draft
-now for small batches, n-gram lookup above; only the sequences that missed), and remembers what it returned.
+`answer` handles one round for a batch: it reads each sequence's outcome (k accepted, bonus) as the verifier
+counted it from the caller's DraftRecord (ssd/speculation/draft_record.py), returns the cached speculation for that
+key (a hit) or a backup (a miss: the neural draft now for small batches, n-gram lookup above; only the sequences
+that missed), and notes in the record what it returned. The speculator keeps no per-sequence state of its own.
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
 decodes all branches K deep (one batched forward per depth), and stores (seq, j, guess) -> K tokens (+ q).
 
-`propose` = answer + build, one after the other (the reference, for tests). The overlap, where the speed comes
-from, is `speculator_worker.py`: the build runs on the speculator's own thread while the target verifies, in the
+The overlap, where the speed comes from, is `speculator_worker.py`: the build runs on the speculator's own thread while the target verifies, in the
 draft service and in one process alike.
 """
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from ssd.config import SsdConfig
 from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
+from ssd.speculation.draft_record import CachedSpeculation, DraftRecord
 from ssd.speculation.draft_vocab import DraftVocab, target_vocab
 from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import Proposer, ProposeRequest
-from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
 from ssd.speculation.speculation import Speculation
 
@@ -40,24 +40,6 @@ def sample_branch_tokens(logits: torch.Tensor, temperature: torch.Tensor, top: i
     probs = saguaro_scale(torch.softmax(logits / temperature, dim=-1), top, c)  # [N, Vd]
     generators, sizes = zip(*generator, strict=True)
     return sample_from_each(probs, list(generators), list(sizes)).tolist(), probs
-
-
-@dataclass
-class _Cached:
-    tokens: list[int]  # K draft tokens after the key's bonus token
-    q: torch.Tensor | None  # [K, Vd] float32 the (Saguaro-scaled) distributions they were drawn from, in `vocab`
-    vocab: DraftVocab  # q's vocabulary: widened to the target's only when the speculation is returned
-
-
-@dataclass
-class _SsdSeq:
-    last_tokens: list[int] = field(default_factory=list)  # the last speculation returned (a chain)
-    outcome: tuple[int, int] | None = None  # (j accepted, bonus) of that speculation, once observed
-    observed: bool = False  # whether a round has been observed since that speculation
-    last_hit: bool = False
-    cache: dict[tuple[int, int], _Cached] = field(default_factory=dict)  # (j, bonus) -> next speculation
-    guesses: list[list[int]] = field(default_factory=list)  # [j] ranked bonus guesses (s_{j+1} excluded)
-    predicted_hit: float | None = None  # the last build's estimate that the coming outcome hits its cache
 
 
 @dataclass
@@ -92,6 +74,7 @@ class SsdCounters:
 @dataclass
 class _Pending:
     request: ProposeRequest
+    record: DraftRecord  # the caller's: the build fills its cache
     spec: Speculation
     features_used: bool  # this sequence's backup already consumed the request's features
 
@@ -105,7 +88,8 @@ class BuildJob:
 
 
 class SsdSpeculator:
-    """Wraps a neural proposer (used for backups) and its branch drafter; one instance per draft."""
+    """Wraps a neural proposer (used for backups) and its branch drafter; one instance per draft. Each call gets
+    the sequences' DraftRecords from their owner; `release` frees a sequence's model state."""
 
     def __init__(self, neural: Proposer, drafter: BranchDrafter, config: SsdConfig, ngram_max: int = 3) -> None:
         self.neural = neural
@@ -113,49 +97,34 @@ class SsdSpeculator:
         self.config = config
         self.fast = NgramProposer(max_ngram=ngram_max)
         self.feature_layers = neural.feature_layers
-        self.seqs: dict[int, _SsdSeq] = {}
         self.after_hit = FanOutEstimator()  # acceptance of cached speculations
         self.after_miss = FanOutEstimator(prior_a=0.4)  # acceptance of backups
         self.counters = SsdCounters()
 
-    # -- the Proposer protocol without overlap (answer, then build at once) -------------------------
-    def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
-        specs, job = self.answer(requests)
-        self.build(job)
-        return specs
-
-    def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
-        """Keep the cache key of the last speculation's outcome: (j accepted, bonus) when the round verified that
-        speculation as the draft returned it up to where it stopped, else none (the next lookup misses)."""
-        state = self.seqs.get(seq_id)
-        if state is not None:
-            fresh = not state.observed and outcome.is_own_speculation  # the round that verified the last answer
-            state.outcome, state.observed = (outcome.num_accepted, outcome.bonus_token) if fresh else None, True
-        self.neural.observe(seq_id, outcome)
-
-    def release(self, seq_id: int) -> None:
-        self.seqs.pop(seq_id, None)  # a build still pending for it skips it
-        self.drafter.release(seq_id)
-        self.neural.release(seq_id)
+    def release(self, record: DraftRecord) -> None:
+        """Free the sequence's model state; a build still queued for it skips it."""
+        record.is_released = True
+        self.drafter.release(record.seq_id)
+        self.neural.release(record.seq_id)
 
     # -- answering --------------------------------------------------------------------------------
-    def _record(self, state: _SsdSeq, outcome: tuple[int, int]) -> None:
+    def _record(self, state: DraftRecord, outcome: tuple[int, int]) -> None:
         j, bonus = outcome
         estimator = self.after_hit if state.last_hit else self.after_miss
-        estimator.record_round(len(state.last_tokens), j)
+        estimator.record_round(len(state.last_speculation), j)
         if j < len(state.guesses):
             guesses = state.guesses[j]
             estimator.record_rank(guesses.index(bonus) if bonus in guesses else None)
 
-    def answer(self, requests: list[ProposeRequest],
+    def answer(self, requests: list[ProposeRequest], records: list[DraftRecord],
                config: SsdConfig | None = None) -> tuple[list[Speculation], BuildJob]:
-        """One speculation per request (a cache hit, or a backup for the misses) and the build to run next."""
+        """One speculation per request (a cache hit, or a backup for the misses) and the build to run next;
+        records[i] is requests[i]'s sequence."""
         config = config or self.config
         started = time.perf_counter()
         out: dict[int, Speculation] = {}
-        misses: list[ProposeRequest] = []
-        for r in requests:
-            state = self.seqs.setdefault(r.seq_id, _SsdSeq())
+        misses: list[tuple[ProposeRequest, DraftRecord]] = []
+        for r, state in zip(requests, records, strict=True):
             outcome = state.outcome
             if outcome is not None:
                 self._record(state, outcome)
@@ -166,7 +135,7 @@ class SsdSpeculator:
                 self.counters.predicted_hits += predicted
                 self.counters.num_predicted_actual_hits += cached is not None
             if cached is None:
-                misses.append(r)
+                misses.append((r, state))
                 continue
             n = r.num_tokens
             q = cached.vocab.widen(cached.q[:n], 0.0) if cached.q is not None else None  # [n, V]
@@ -181,34 +150,32 @@ class SsdSpeculator:
         self.counters.backup_s += self.counters.last_backup_s
         job = BuildJob([], config)
         specs = []
-        for r in requests:
+        for r, state in zip(requests, records, strict=True):
             spec = out[r.seq_id]
-            state = self.seqs[r.seq_id]
-            state.last_tokens, state.last_hit, state.outcome = list(spec.tokens), bool(spec.cache_hit), None
-            state.cache, state.guesses, state.predicted_hit, state.observed = {}, [], None, False
-            job.pending.append(_Pending(r, spec, r.seq_id in consumed))
+            state.answered(spec.tokens, bool(spec.cache_hit))
+            job.pending.append(_Pending(r, state, spec, r.seq_id in consumed))
             specs.append(spec)
         return specs, job
 
-    def _backup(self, misses: list[ProposeRequest], config: SsdConfig, batch_size: int,
+    def _backup(self, misses: list[tuple[ProposeRequest, DraftRecord]], config: SsdConfig, batch_size: int,
                 out: dict[int, Speculation]) -> set[int]:
         """Speculations for the sequences that missed; returns the ids whose features the backup consumed
         (a neural backup catches the head up on them; the sequences that hit keep theirs for the glue)."""
         if not misses:
             return set()
         kind = config.backup_for(batch_size)
+        requests = [r for r, _ in misses]
         if config.saguaro_c < 1.0:  # sample the backup Saguaro-style too, for the miss shape it will be built with
-            tops = tuple(f + 1 for f in self.shape(False, max(r.num_tokens for r in misses), config))
-            misses = [replace(r, saguaro=SaguaroScale(config.saguaro_c, tops)) for r in misses]
+            tops = tuple(f + 1 for f in self.shape(False, max(r.num_tokens for r in requests), config))
+            requests = [replace(r, saguaro=SaguaroScale(config.saguaro_c, tops)) for r in requests]
         proposer = self.neural if kind == "neural" else self.fast
         if kind == "neural":
             self.counters.num_neural_backups += len(misses)
         else:
             self.counters.num_fast_backups += len(misses)
-        for r, spec in zip(misses, proposer.propose(misses), strict=True):
-            predicted = self.seqs[r.seq_id].predicted_hit
-            out[r.seq_id] = Speculation(spec.tokens, None, spec.q, cache_hit=False, predicted_hit=predicted)
-        return {r.seq_id for r in misses} if kind == "neural" else set()
+        for (r, state), spec in zip(misses, proposer.propose(requests), strict=True):
+            out[r.seq_id] = Speculation(spec.tokens, None, spec.q, cache_hit=False, predicted_hit=state.predicted_hit)
+        return {r.seq_id for r, _ in misses} if kind == "neural" else set()
 
     # -- building ---------------------------------------------------------------------------------
     def shape(self, after_hit: bool, k: int, config: SsdConfig | None = None) -> tuple[int, ...]:
@@ -221,7 +188,7 @@ class SsdSpeculator:
     def build(self, job: BuildJob) -> None:
         """Fill the speculation cache for every speculation an `answer` returned."""
         config = job.config
-        pending = [p for p in job.pending if p.request.seq_id in self.seqs and p.request.num_tokens > 0]
+        pending = [p for p in job.pending if not p.record.is_released and p.request.num_tokens > 0]
         if not pending:
             return
         started = time.perf_counter()
@@ -247,7 +214,7 @@ class SsdSpeculator:
 
     def _fork(self, p: _Pending, logits: torch.Tensor, config: SsdConfig) -> BranchRequest:
         """Bonus guesses per acceptance length j from the glue's logits [m+1, Vd]; records the ranked guesses."""
-        state = self.seqs[p.request.seq_id]
+        state = p.record
         spec = p.spec.tokens
         shape = self.shape(bool(p.spec.cache_hit), len(spec), config)
         logits, vocab = self._constrained(p.request, logits, [spec[:j] for j in range(len(logits))])
@@ -323,11 +290,11 @@ class SsdSpeculator:
             return tokens
 
         results = self.drafter.decode_branches(branches, depth, pick)
-        for i, (b, tokens) in enumerate(zip(branches, results, strict=True)):
-            state = self.seqs[b.seq_id]
+        for i, (b, p, tokens) in enumerate(zip(branches, owners, results, strict=True)):
             q = torch.stack(qs[i], dim=1) if qs[i] else None  # [M, depth, Vd]
             for r, (j, guess) in enumerate(zip(b.fork_points, b.tokens, strict=True)):
-                state.cache[(j, guess)] = _Cached(tokens[r].tolist(), q[r] if q is not None else None, vocabs[i])
+                p.record.cache[(j, guess)] = CachedSpeculation(tokens[r].tolist(), q[r] if q is not None else None,
+                                                               vocabs[i])
 
 
 def _split(items: list[int], sizes: list[int]) -> list[list[int]]:

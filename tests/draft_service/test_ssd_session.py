@@ -74,8 +74,10 @@ def test_first_round_misses_then_the_cache_hits(draft, greedy):
     assert 0 < item.predicted_hit <= 1
     timings = second.speculations.timings
     assert timings.last_build_ms > 0 and timings.build_wait_ms == pytest.approx(2.0)
+    record = session.seqs[1]
     session.release([1])
-    assert not draft.ssd.seqs
+    assert record.is_released and not session.seqs  # a build still queued for it skips it
+    assert record.seq_id not in draft.proposer.seqs  # its model state is freed too
 
 
 def test_plain_and_ssd_sequences_share_a_round(draft, greedy):
@@ -85,7 +87,7 @@ def test_plain_and_ssd_sequences_share_a_round(draft, greedy):
         prefill(1, tokens, ssd=False), prefill(2, tokens)]))
     assert [i.seq_id for i in out.speculations.items] == [1, 2]
     assert [list(i.token_ids) for i in out.speculations.items] == [greedy[1 : K + 1]] * 2
-    assert [p.request.seq_id for p in out.build.pending] == [session.seqs[2].internal_id]  # only ssd builds
+    assert [p.request.seq_id for p in out.build.pending] == [session.seqs[2].seq_id]  # only ssd builds
 
 
 def test_bad_ssd_options_are_a_sequence_error_and_the_session_goes_on(draft, greedy):

@@ -3,15 +3,15 @@ counts as accepted, proposers roll back by its length, SSD keys its cache on it,
 outcome for a sequence it does not hold with a typed error."""
 
 import pytest
+import torch
 
 from draft_service.session import Session
 from protos.ssd.v1 import draft_pb2
-from ssd.config import SsdConfig
 from ssd.engine import spec_decode
 from ssd.errors import UnknownSequenceError
+from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.round_outcome import RoundOutcome
-from ssd.speculation.ssd_speculator import SsdSpeculator, _SsdSeq
 from tests.speculation.test_grammar import _llm
 from tests.speculation.test_grammar_drafting import PARAMS, PROMPTS, _spec
 
@@ -46,17 +46,17 @@ def test_a_grammar_splice_counts_as_accepted_and_greedy_output_is_plain(letters,
 
 
 def test_ssd_keys_its_cache_on_the_first_outcome_after_its_answer_and_misses_after_a_splice():
-    ssd = SsdSpeculator(NgramProposer(), None, SsdConfig())  # type: ignore[arg-type]  # no build here
-    ssd.seqs[1] = _SsdSeq(last_tokens=[4, 5, 6])
-    ssd.observe(1, RoundOutcome(1, 10, [4, 9], 1))
-    assert ssd.seqs[1].outcome == (1, 9)
-    ssd.observe(1, RoundOutcome.plain(1, 12, [7]))  # a plain step after it: the draft's answer is no longer last
-    assert ssd.seqs[1].outcome is None
-    ssd.seqs[2] = _SsdSeq(last_tokens=[4, 5, 6])
-    ssd.observe(2, RoundOutcome(2, 10, [3, 5, 9], 2, num_own_accepted=0))  # s_1 spliced: no branch of the draft's
-    assert ssd.seqs[2].outcome is None
-    ssd.observe(3, RoundOutcome(3, 10, [4, 9], 1))  # never answered: nothing to key
-    assert 3 not in ssd.seqs
+    records = {i: DraftRecord(i, list(range(10)), 0.0, torch.Generator()) for i in (1, 2, 3)}
+    records[1].answered([4, 5, 6], is_hit=False)
+    records[1].observe(RoundOutcome(1, 10, [4, 9], 1))
+    assert records[1].outcome == (1, 9)
+    records[1].observe(RoundOutcome.plain(1, 12, [7]))  # a plain step after it: the draft's answer is no longer last
+    assert records[1].outcome is None
+    records[2].answered([4, 5, 6], is_hit=False)
+    records[2].observe(RoundOutcome(2, 10, [3, 5, 9], 2, num_own_accepted=0))  # s_1 spliced: no branch of the draft's
+    assert records[2].outcome is None
+    records[3].observe(RoundOutcome(3, 10, [4, 9], 1))  # never answered: nothing to key
+    assert records[3].outcome is None and not records[3].last_speculation
 
 
 def test_an_outcome_for_an_unknown_sequence_is_a_typed_error_on_the_draft():

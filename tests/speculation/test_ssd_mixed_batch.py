@@ -7,6 +7,7 @@ import torch
 
 from ssd.config import SsdConfig
 from ssd.model_config import load_model_config
+from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.proposer import ProposeRequest
@@ -28,22 +29,23 @@ def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
     torch.manual_seed(0)
     tokens = {1: [5, 6, 7, 8, 9], 2: [20, 21, 22, 23]}
     features = {i: torch.randn(len(t) - 1, 3 * tc.hidden_size) for i, t in tokens.items()}  # [P-1, 3d] each
+    records = [DraftRecord(i, tokens[i], 0.0, torch.Generator(), is_ssd=True) for i in tokens]
 
     def requests(starts: dict[int, int]) -> list[ProposeRequest]:
         return [ProposeRequest(i, list(tokens[i]), K, 0.0, torch.Generator(), None, features[i][s:], s)
                 for i, s in starts.items()]
 
-    first, job = ssd.answer(requests({1: 0, 2: 0}))  # both miss: nothing cached yet
+    first, job = ssd.answer(requests({1: 0, 2: 0}), records)  # both miss: nothing cached yet
     ssd.build(job)
-    j, bonus = next(iter(ssd.seqs[1].cache))  # an outcome sequence 1 has cached: it will hit
-    missing = next(t for t in range(tc.vocab_size) if (0, t) not in ssd.seqs[2].cache and t != first[1].tokens[0])
+    j, bonus = next(iter(records[0].cache))  # an outcome sequence 1 has cached: it will hit
+    missing = next(t for t in range(tc.vocab_size) if (0, t) not in records[1].cache and t != first[1].tokens[0])
     starts = {}
     for i, new in ((1, first[0].tokens[:j] + [bonus]), (2, [missing])):  # sequence 2 rejects s_1: a miss
         starts[i] = len(tokens[i]) - 1  # the verify's features: its root, then each accepted position
-        ssd.observe(i, RoundOutcome(i, len(tokens[i]), new, len(new) - 1))
+        records[i - 1].observe(RoundOutcome(i, len(tokens[i]), new, len(new) - 1))
         tokens[i] += new
         features[i] = torch.cat([features[i], torch.randn(len(new), 3 * tc.hidden_size)])
-    second, job = ssd.answer(requests(starts))
+    second, job = ssd.answer(requests(starts), records)
     assert [s.cache_hit for s in second] == [True, False]
     ssd.build(job)
     with torch.no_grad():
