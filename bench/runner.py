@@ -19,7 +19,7 @@ from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import Backup, DecodeMode, FanOut, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
@@ -43,8 +43,8 @@ class BenchSettings:
     tree: TreeShape | None = None
     draft_temperature: float | None = None
     fan_out_budget: int = 8  # ssd: bonus-token guesses per sequence and round
-    fan_out: str = "geometric"  # ssd: fan-out shape
-    backup: str = "auto"  # ssd: backup on a miss
+    fan_out: FanOut = FanOut.GEOMETRIC  # ssd: fan-out shape
+    backup: Backup = Backup.AUTO  # ssd: backup on a miss
     saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
     tensor_parallel_size: int = 1  # CPU ranks the target is sharded over (this process is rank 0)
@@ -100,7 +100,7 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
     llm = LLM(s.model, proposer=proposer, speculation=spec, dtype=s.dtype, num_threads=s.threads,
               max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization,
               **s.step_options())
-    return _engine_runner(llm, replace(params, ssd=True)), llm
+    return _engine_runner(llm, replace(params, mode=DecodeMode.SSD)), llm
 
 
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:

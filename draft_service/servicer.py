@@ -16,7 +16,7 @@ import structlog
 from grpc import aio
 
 from draft_service.deadlines import SWEEP_INTERVAL_S, SessionDeadlines
-from draft_service.limits import SessionLimits
+from draft_service.limits import SessionLimits, check_ssd_options
 from draft_service.proposers import ServiceDraft
 from draft_service.round_screen import screen
 from draft_service.session import RoundResult, Session
@@ -72,6 +72,9 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                         yield error
                         continue
                     hello = msg.hello
+                    if hello.HasField("ssd"):  # a bad value ends the session (INVALID_ARGUMENT)
+                        check_ssd_options(hello.ssd, self.limits)
+                        session.set_ssd_options(hello.ssd)
                     session.vocab_size = self.vocab_size or max(0, hello.vocab_size)  # n-gram: the target's
                     transport = session.tensors.accept(
                         list(hello.transports), hello.shm_probe if hello.HasField("shm_probe") else None,

@@ -7,8 +7,8 @@ without a gap (e.g. not one re-sent after a reconnect): the others get empty spe
 prompt the target's prefix cache served in part (`num_cached_tokens`) starts from the draft's own prefix cache
 (draft_service/draft_prefix.py); a draft without those blocks refuses it with FAILED_PRECONDITION.
 
-SSD: a sequence whose Prefill asks for `ssd` (on a neural draft) is answered by the SsdSpeculator
-from its speculation cache; `answer` returns the cache build to run after the answer is sent
+SSD: a sequence whose Prefill's mode is SSD (on a neural draft) is answered by the SsdSpeculator
+from its speculation cache, under the session's SSD settings (Hello.ssd over the draft's); `answer` returns the cache build to run after the answer is sent
 (`build`, queued by the servicer). Other sequences, and every one on an n-gram draft, get plain SD.
 """
 
@@ -28,10 +28,10 @@ from draft_service.limits import (
     check_round,
     check_tokens,
 )
-from draft_service.ssd_options import round_config, timings
+from draft_service.ssd_options import options_config, prefill_mode, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
-from ssd.config import TreeShape
+from ssd.config import DecodeMode, SsdConfig, TreeShape
 from ssd.errors import (
     InvalidRequestError,
     PrefixUnavailableError,
@@ -58,7 +58,7 @@ class DraftSequence:
     temperature: float  # draft sampling temperature
     generator: torch.Generator  # the draft's random stream for this sequence
     features: FeatureLog = field(default_factory=FeatureLog)  # target features arrived, not yet proposed from
-    is_ssd: bool = False  # answered from the SSD speculation cache (its Prefill asked, and the draft is neural)
+    mode: DecodeMode = DecodeMode.SD  # SSD: answered from the speculation cache (its Prefill asked; a neural draft)
     grammar: GrammarState | None = None  # structured output: the Prefill's grammar, compiled here
     answer_start: int = 0  # where the answer starts in token_ids (the grammar follows the tokens from there)
 
@@ -98,6 +98,7 @@ class Session:
         self.limits = limits or SessionLimits()
         self.grammars = grammars  # None: grammars in Prefills are ignored (drafts propose unconstrained)
         self.ssd = ssd
+        self.ssd_config = ssd.config if ssd is not None else SsdConfig()  # Hello.ssd over the draft's defaults
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
         self.seqs: dict[int, DraftSequence] = {}  # target seq id -> state
@@ -109,7 +110,11 @@ class Session:
 
     def _proposer_of(self, seq: DraftSequence) -> Proposer:
         """The SsdSpeculator for SSD sequences (it delegates observe / release to the neural draft)."""
-        return self.ssd if seq.is_ssd and self.ssd is not None else self.proposer
+        return self.ssd if seq.mode is DecodeMode.SSD and self.ssd is not None else self.proposer
+
+    def set_ssd_options(self, options: draft_pb2.SsdOptions) -> None:
+        """Hello.ssd: this session's SSD settings over the draft's; InvalidRequestError for a bad value."""
+        self.ssd_config = options_config(self.ssd_config, options)
 
     def _features(self, seq: DraftSequence, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
@@ -125,9 +130,10 @@ class Session:
         old = self.seqs.pop(p.seq_id, None)
         if old is not None:
             self._proposer_of(old).release(old.internal_id)
-        seq = DraftSequence(next(_internal_ids), list(p.token_ids), p.temperature,
-                            torch.Generator().manual_seed(p.seed), is_ssd=p.ssd and self.ssd is not None)
-        if p.ssd and self.ssd is None and not self._said_no_ssd:
+        mode = prefill_mode(p)
+        seq = DraftSequence(next(_internal_ids), list(p.token_ids), p.temperature, torch.Generator().manual_seed(p.seed),
+                            mode=mode if self.ssd is not None else DecodeMode.SD)
+        if mode is DecodeMode.SSD and self.ssd is None and not self._said_no_ssd:
             self._said_no_ssd = True
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
                      target=self.target_id, seq_id=p.seq_id)
@@ -225,24 +231,25 @@ class Session:
             if self.feature_width and not seq.has_features:
                 specs[seq_id] = Speculation([])  # empty: the target takes a plain decode step
             else:
-                (ssd if seq.is_ssd else plain).append((seq_id, seq))
+                (ssd if seq.mode is DecodeMode.SSD else plain).append((seq_id, seq))
         if plain:
             proposed = self.proposer.propose([self._request(seq, k, tree) for _, seq in plain])
             specs.update(zip((seq_id for seq_id, _ in plain), proposed, strict=True))
-        job = self._answer_ssd(round_.ssd, ssd, k, specs, out, wait_s) if ssd else None
+        job = self._answer_ssd(round_, ssd, k, specs, out, wait_s) if ssd else None
         answered = [(seq_id, specs[seq_id]) for seq_id, _ in ready if seq_id in specs]
         self.tensors.start_message(sum(s.q.numel() * 4 for _, s in answered if s.q is not None))  # q as float32
         for seq_id, spec in answered:
             out.items.append(to_message(seq_id, spec, self.tensors))
         return RoundResult(out, job)
 
-    def _answer_ssd(self, options: draft_pb2.SsdOptions, asking: list[tuple[int, DraftSequence]], k: int,
+    def _answer_ssd(self, round_: draft_pb2.Round, asking: list[tuple[int, DraftSequence]], k: int,
                     specs: dict[int, Speculation], out: draft_pb2.Speculations, wait_s: float) -> BuildJob | None:
         """SSD sequences' answers (cache hits, or backups for the misses) into `specs`; the build to run next.
-        Bad options are an INVALID_ARGUMENT error for each of these sequences (the session goes on)."""
-        assert self.ssd is not None  # only sequences marked is_ssd get here
+        A round's deprecated options (older targets) apply over the session's; bad ones are an INVALID_ARGUMENT
+        error for each of these sequences (the session goes on)."""
+        assert self.ssd is not None  # only sequences in SSD mode get here
         try:
-            config = round_config(self.ssd.config, options)
+            config = options_config(self.ssd_config, round_.ssd) if round_.HasField("ssd") else self.ssd_config
         except InvalidRequestError as e:
             for seq_id, _ in asking:
                 out.errors.add(seq_id=seq_id, code="INVALID_ARGUMENT", message=f"SSD options: {e}")
@@ -270,7 +277,7 @@ class Session:
         features_start, features = seq.features.take()  # [n, F] or None
         grammar = AnswerGrammar(seq.grammar, seq.token_ids[seq.answer_start :]) if seq.grammar is not None else None
         return ProposeRequest(seq.internal_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
-                              features, features_start, ssd=seq.is_ssd, grammar=grammar)
+                              features, features_start, mode=seq.mode, grammar=grammar)
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

@@ -14,7 +14,7 @@ from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
 from rpc.tls_files import TlsConfigError
-from ssd.config import EngineConfig, SpeculationConfig, TreeShape
+from ssd.config import DecodeMode, EngineConfig, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import SSDError
@@ -53,7 +53,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
                               offer_shared_memory=config.tensor_transport == "auto",
                               device=torch.device(config.device), tls=config.tls)
     engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
-    if config.device == "cpu" and config.default_mode != "ar" and not cpu_has_fast_bfloat16():
+    if config.device == "cpu" and config.default_mode is not DecodeMode.AR and not cpu_has_fast_bfloat16():
         log.warning("this CPU has no native bfloat16 matmuls: verifying K+1 positions costs ~2x a decode step "
                     "here, and speculation measured slower than plain decoding (README, 'Speculation depends on "
                     "the CPU'); consider --default-mode ar", default_mode=config.default_mode)

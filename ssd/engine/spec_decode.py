@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from ssd.config import SpeculationConfig
+from ssd.config import DecodeMode, SpeculationConfig
 from ssd.context import ForwardMode
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
@@ -69,7 +69,7 @@ class SpeculativeDecoder:
         start, features = seq.features.take()
         grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
-                              features, start, ssd=p.ssd, grammar=grammar,
+                              features, start, mode=p.mode or DecodeMode.SD, grammar=grammar,
                               num_cached_tokens=seq.num_prefix_cached_tokens)
 
     def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
@@ -87,7 +87,7 @@ class SpeculativeDecoder:
         """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
         the logprobs of those tokens for the sequences that asked (None for the others)."""
         started = time.perf_counter()
-        asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
+        asking = [s for s in seqs if s.params.is_speculative]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
                             strict=True)) if asking else {}
         specs = [self._with_forced_tokens(s, proposed[s.seq_id], k) if s.seq_id in proposed else Speculation([])
@@ -107,7 +107,7 @@ class SpeculativeDecoder:
                 rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)],
                                     device=out.aux_hidden.device)
                 self.add_features(seq, item.start_position, out.aux_hidden[rows])
-            if seq.params.speculate:
+            if seq.params.is_speculative:
                 for counters in (self.counters, seq.spec_counters):
                     counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
                                     spec.predicted_hit)

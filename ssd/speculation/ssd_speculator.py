@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssd.config import SsdConfig
+from ssd.config import Backup, SsdConfig
 from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.speculation.draft_vocab import DraftVocab, target_vocab
@@ -200,15 +200,15 @@ class SsdSpeculator:
         if config.saguaro_c < 1.0:  # sample the backup Saguaro-style too, for the miss shape it will be built with
             tops = tuple(f + 1 for f in self.shape(False, max(r.num_tokens for r in misses), config))
             misses = [replace(r, saguaro=SaguaroScale(config.saguaro_c, tops)) for r in misses]
-        proposer = self.neural if kind == "neural" else self.fast
-        if kind == "neural":
+        proposer = self.neural if kind is Backup.NEURAL else self.fast
+        if kind is Backup.NEURAL:
             self.counters.num_neural_backups += len(misses)
         else:
             self.counters.num_fast_backups += len(misses)
         for r, spec in zip(misses, proposer.propose(misses), strict=True):
             predicted = self.seqs[r.seq_id].predicted_hit
             out[r.seq_id] = Speculation(spec.tokens, None, spec.q, cache_hit=False, predicted_hit=predicted)
-        return {r.seq_id for r in misses} if kind == "neural" else set()
+        return {r.seq_id for r in misses} if kind is Backup.NEURAL else set()
 
     # -- building ---------------------------------------------------------------------------------
     def shape(self, after_hit: bool, k: int, config: SsdConfig | None = None) -> tuple[int, ...]:
