@@ -78,7 +78,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     end = time.perf_counter()
     decode_s = end - (first or end)
     rate = (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
-    stats = llm.engine.spec.counters if llm.engine.spec is not None else None
+    stats = llm.engine.speculative_decoder.counters if llm.engine.speculative_decoder is not None else None
     extra = f", {stats.tokens_per_round:.2f} tokens/round" if stats and stats.num_drafts else ""
     print(f"\n\n[{tokens} tokens, first token {1000 * ((first or end) - start):.0f} ms, "
           f"decode {rate:.1f} tokens/s, {args.mode}, {args.dtype}{extra}]", file=sys.stderr)

@@ -93,8 +93,8 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
 
 
 def add_ssd_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """SSD defaults of a neural draft (SSD.md section 5); a target's Round.ssd overrides them per round."""
-    g = p.add_argument_group("SSD (neural drafts; sequences whose Prefill asks for ssd)")
+    """SSD defaults of a neural draft (SSD.md section 5); a target's Hello.ssd overrides them for its session."""
+    g = p.add_argument_group("SSD (neural drafts; sequences whose Prefill mode is SSD)")
     g.add_argument("--fan-out-budget", type=int, default=int(env.get("SSD_DRAFT_FAN_OUT_BUDGET", "8")),
                    help="bonus-token guesses prepared per sequence and round (sum of the fan-out shape)")
     g.add_argument("--fan-out", default=env.get("SSD_DRAFT_FAN_OUT", FanOut.GEOMETRIC), type=FanOut, choices=list(FanOut),

@@ -2,7 +2,7 @@
 
 An EAGLE-3 head drafts from its target's features (sent by the target over the session) and its
 target's input embedding, which the draft loads once from the target checkpoint (`--target-model`).
-A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers `ssd` sequences, and
+A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers SSD sequences, and
 gets a grammar compiler over its tokenizer (the target's, for a head), so it drafts structured output under
 the request's grammar.
 """

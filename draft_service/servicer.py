@@ -83,13 +83,13 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
                         draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
                 elif kind == "round":
-                    specs = await self._round(session, deadlines, msg.round)
-                    for item in specs.items:
+                    speculations = await self._round(session, deadlines, msg.round)
+                    for item in speculations.items:
                         if item.token_ids:  # empty ones (no target features) are no draft
                             self.counters.record(len(item.token_ids), 0, 0)
-                    for err in specs.errors:
+                    for err in speculations.errors:
                         bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
-                    yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=speculations)
                 elif kind == "release":
                     for seq_id in msg.release.seq_ids:
                         deadlines.forget(seq_id)

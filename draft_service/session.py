@@ -225,26 +225,27 @@ class Session:
         tree = None
         if round_.HasField("tree"):
             tree = TreeShape(budget=round_.tree.budget, depth=round_.tree.depth, top_k=round_.tree.top_k)
-        specs: dict[int, Speculation] = {}  # target seq id -> its answer
+        speculations: dict[int, Speculation] = {}  # target seq id -> its answer
         plain, ssd = [], []
         for seq_id, seq in ready:
             if self.feature_width and not seq.has_features:
-                specs[seq_id] = Speculation([])  # empty: the target takes a plain decode step
+                speculations[seq_id] = Speculation([])  # empty: the target takes a plain decode step
             else:
                 (ssd if seq.mode is DecodeMode.SSD else plain).append((seq_id, seq))
         if plain:
             proposed = self.proposer.propose([self._request(seq, k, tree) for _, seq in plain])
-            specs.update(zip((seq_id for seq_id, _ in plain), proposed, strict=True))
-        job = self._answer_ssd(round_, ssd, k, specs, out, wait_s) if ssd else None
-        answered = [(seq_id, specs[seq_id]) for seq_id, _ in ready if seq_id in specs]
+            speculations.update(zip((seq_id for seq_id, _ in plain), proposed, strict=True))
+        job = self._answer_ssd(round_, ssd, k, speculations, out, wait_s) if ssd else None
+        answered = [(seq_id, speculations[seq_id]) for seq_id, _ in ready if seq_id in speculations]
         self.tensors.start_message(sum(s.q.numel() * 4 for _, s in answered if s.q is not None))  # q as float32
-        for seq_id, spec in answered:
-            out.items.append(to_message(seq_id, spec, self.tensors))
+        for seq_id, speculation in answered:
+            out.items.append(to_message(seq_id, speculation, self.tensors))
         return RoundResult(out, job)
 
     def _answer_ssd(self, round_: draft_pb2.Round, asking: list[tuple[int, DraftSequence]], k: int,
-                    specs: dict[int, Speculation], out: draft_pb2.Speculations, wait_s: float) -> BuildJob | None:
-        """SSD sequences' answers (cache hits, or backups for the misses) into `specs`; the build to run next.
+                    speculations: dict[int, Speculation], out: draft_pb2.Speculations,
+                    wait_s: float) -> BuildJob | None:
+        """SSD sequences' answers (cache hits, or backups for the misses) into `speculations`; the build to run next.
         A round's deprecated options (older targets) apply over the session's; bad ones are an INVALID_ARGUMENT
         error for each of these sequences (the session goes on)."""
         assert self.ssd is not None  # only sequences in SSD mode get here
@@ -256,7 +257,7 @@ class Session:
             return None
         requests = [self._request(seq, k, None) for _, seq in asking]  # SSD speculates chains
         answers, job = self.ssd.answer(requests, config)
-        specs.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
+        speculations.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
         out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
         return job
 
@@ -309,11 +310,11 @@ def _code(error: Exception) -> str:
     return "RESOURCE_EXHAUSTED" if isinstance(error, ResourceExhaustedError) else "INVALID_ARGUMENT"
 
 
-def to_message(seq_id: int, spec: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:
-    msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=spec.tokens, parents=spec.parents or [],
-                                        is_cache_hit=bool(spec.cache_hit))
-    if spec.predicted_hit is not None:  # SSD, once a build has predicted it
-        msg.predicted_hit = spec.predicted_hit
-    if spec.q is not None:  # [n, V] float32
-        msg.q.CopyFrom(torch_tensors.encode(tensors, spec.q.float()))
+def to_message(seq_id: int, speculation: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:
+    msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=speculation.tokens, parents=speculation.parents or [],
+                                        is_cache_hit=bool(speculation.cache_hit))
+    if speculation.predicted_hit is not None:  # SSD, once a build has predicted it
+        msg.predicted_hit = speculation.predicted_hit
+    if speculation.q is not None:  # [n, V] float32
+        msg.q.CopyFrom(torch_tensors.encode(tensors, speculation.q.float()))
     return msg

@@ -240,9 +240,9 @@ class RemoteProposer:
                 log.warning("no speculations from the draft; decoding without them", round_id=round_id)
                 session.close()  # a late answer would desynchronize the stream: start a fresh session
                 continue
-            specs = self._apply(session, [requests[i] for i in indices], answer.speculations)
-            for i, spec in zip(indices, specs, strict=True):
-                out[i] = spec
+            speculations = self._apply(session, [requests[i] for i in indices], answer.speculations)
+            for i, speculation in zip(indices, speculations, strict=True):
+                out[i] = speculation
         return out
 
     def _send_round(self, session: DraftSession, requests: list[ProposeRequest]) -> int:
@@ -259,29 +259,29 @@ class RemoteProposer:
         return round_id
 
     def _apply(self, session: DraftSession, requests: list[ProposeRequest],
-               specs: draft_pb2.Speculations) -> list[Speculation]:
-        failed = {e.seq_id for e in specs.errors}
-        for e in specs.errors:
+               speculations: draft_pb2.Speculations) -> list[Speculation]:
+        failed = {e.seq_id for e in speculations.errors}
+        for e in speculations.errors:
             if e.code == "FAILED_PRECONDITION":  # the draft lacks the prefix blocks: resend it whole
                 self._resend_whole.add(e.seq_id)
                 log.info("the draft lacks the sequence's prefix blocks; resending it whole", seq_id=e.seq_id)
                 continue
             log.warning("draft rejected a sequence", seq_id=e.seq_id, code=e.code, error=e.message)
         # the draft sends timings only when it answered from its SSD cache (an n-gram draft serves ssd as plain SD)
-        answered_ssd = specs.HasField("timings")
+        answered_ssd = speculations.HasField("timings")
         if answered_ssd:
-            self._timings.add(specs.timings)
-        by_id = {item.seq_id: item for item in specs.items}
+            self._timings.add(speculations.timings)
+        by_id = {item.seq_id: item for item in speculations.items}
         out = []
         for r in requests:
             item = None if r.seq_id in failed else by_id.get(r.seq_id)
-            spec = self._speculation(session, item, is_ssd=r.mode is DecodeMode.SSD and answered_ssd)
-            if spec is None:
+            speculation = self._speculation(session, item, is_ssd=r.mode is DecodeMode.SSD and answered_ssd)
+            if speculation is None:
                 session.known.pop(r.seq_id, None)  # re-sent as a Prefill next round
                 out.append(Speculation([]))
                 continue
             session.known[r.seq_id] = SentSequence(len(r.token_ids))
-            out.append(spec)
+            out.append(speculation)
         return out
 
     @staticmethod
