@@ -8,8 +8,9 @@ prompt the target's prefix cache served in part (`num_cached_tokens`) starts fro
 (draft_service/draft_prefix.py); a draft without those blocks refuses it with FAILED_PRECONDITION.
 
 SSD: a sequence whose Prefill's mode is SSD (on a neural draft) is answered by the SsdSpeculator
-from its speculation cache, under the session's SSD settings (Hello.ssd over the draft's); `answer` returns the cache build to run after the answer is sent
-(`build`, queued by the servicer). Other sequences, and every one on an n-gram draft, get plain SD.
+from its speculation cache, under the session's SSD settings (Hello.ssd over the draft's); `answer` returns
+the cache build to run after the answer is sent (`build`, queued by the servicer). Other sequences, and every one
+on an n-gram draft, get plain SD.
 """
 
 import itertools
@@ -131,8 +132,8 @@ class Session:
         if old is not None:
             self._proposer_of(old).release(old.internal_id)
         mode = prefill_mode(p)
-        seq = DraftSequence(next(_internal_ids), list(p.token_ids), p.temperature, torch.Generator().manual_seed(p.seed),
-                            mode=mode if self.ssd is not None else DecodeMode.SD)
+        seq = DraftSequence(next(_internal_ids), list(p.token_ids), p.temperature,
+                            torch.Generator().manual_seed(p.seed), mode=mode if self.ssd is not None else DecodeMode.SD)
         if mode is DecodeMode.SSD and self.ssd is None and not self._said_no_ssd:
             self._said_no_ssd = True
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
