@@ -80,8 +80,8 @@ def main() -> None:
             results, report[name + "_draft"] = run_stack_chats(args.model, args.draft, args.dtype, args.k, chats,
                                                                args.max_tokens, caching, block_size=args.block_size)
         else:
-            spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
-            with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec,
+            speculation = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
+            with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=speculation,
                      enable_prefix_caching=caching, block_size=args.block_size) as llm:
                 results = run_chats(llm, chats, args.max_tokens)
         report[name] = summarize(results)

@@ -19,7 +19,7 @@ from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import Backup, DecodeMode, FanOut, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
@@ -43,8 +43,8 @@ class BenchSettings:
     tree: TreeShape | None = None
     draft_temperature: float | None = None
     fan_out_budget: int = 8  # ssd: bonus-token guesses per sequence and round
-    fan_out: str = "geometric"  # ssd: fan-out shape
-    backup: str = "auto"  # ssd: backup on a miss
+    fan_out: FanOut = FanOut.GEOMETRIC  # ssd: fan-out shape
+    backup: Backup = Backup.AUTO  # ssd: backup on a miss
     saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
     tensor_parallel_size: int = 1  # CPU ranks the target is sharded over (this process is rank 0)
@@ -96,11 +96,11 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
         time.sleep(0.1)
     if not proposer.is_connected:
         raise InvalidRequestError(f"could not open a session with the draft service (log: {draft.log_path})")
-    spec = SpeculationConfig(draft=s.draft, num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
-    llm = LLM(s.model, proposer=proposer, speculation=spec, dtype=s.dtype, num_threads=s.threads,
+    speculation = SpeculationConfig(draft=s.draft, num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
+    llm = LLM(s.model, proposer=proposer, speculation=speculation, dtype=s.dtype, num_threads=s.threads,
               max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization,
               **s.step_options())
-    return _engine_runner(llm, replace(params, ssd=True)), llm
+    return _engine_runner(llm, replace(params, mode=DecodeMode.SSD)), llm
 
 
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
@@ -196,10 +196,10 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
 
 def _counters(llm: LLM | None) -> dict | None:
     """A snapshot of the engine's speculation counters and, for a remote draft, its SSD timings."""
-    if llm is None or llm.engine.spec is None:
+    if llm is None or llm.engine.speculative_decoder is None:
         return None
-    snap = {k: v for k, v in asdict(llm.engine.spec.counters).items() if isinstance(v, int | float)}
-    timings = getattr(llm.engine.spec.proposer, "draft_timings", None)  # RemoteProposer: the draft's own
+    snap = {k: v for k, v in asdict(llm.engine.speculative_decoder.counters).items() if isinstance(v, int | float)}
+    timings = getattr(llm.engine.speculative_decoder.proposer, "draft_timings", None)  # RemoteProposer: the draft's own
     if timings is not None:
         snap.update({f"draft_{k}": v for k, v in asdict(timings).items() if isinstance(v, int | float)})
     return snap

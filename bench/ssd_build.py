@@ -16,7 +16,7 @@ import time
 import torch
 
 from bench.datasets import load_prompts
-from ssd.config import SpeculationConfig, SsdConfig
+from ssd.config import Backup, SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from ssd.model_store import DEFAULT_DRAFT, DEFAULT_MODEL
 from ssd.sampling.params import SamplingParams
@@ -30,14 +30,15 @@ def _prompts(llm: LLM, batch: int) -> list[list[int]]:
 
 def time_case(llm: LLM, batch: int, temperature: float, output_len: int) -> dict[str, float]:
     """Mean build and verify milliseconds per round for one batch of `batch` sequences."""
-    spec, ssd = llm.engine.spec, llm.engine.spec.proposer.counters
-    before = (spec.counters.num_rounds, spec.counters.verify_s, ssd.num_builds, ssd.build_s)
+    decoder = llm.engine.speculative_decoder
+    ssd = decoder.proposer.counters
+    before = (decoder.counters.num_rounds, decoder.counters.verify_s, ssd.num_builds, ssd.build_s)
     params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, seed=0)
     started = time.perf_counter()
     llm.generate(_prompts(llm, batch), [params] * batch)
     wall = time.perf_counter() - started
-    rounds = spec.counters.num_rounds - before[0]
-    verify_ms = 1e3 * (spec.counters.verify_s - before[1]) / max(rounds, 1)
+    rounds = decoder.counters.num_rounds - before[0]
+    verify_ms = 1e3 * (decoder.counters.verify_s - before[1]) / max(rounds, 1)
     build_ms = 1e3 * (ssd.build_s - before[3]) / max(ssd.num_builds - before[2], 1)
     return {"batch": batch, "temperature": temperature, "rounds": rounds, "build_ms": round(build_ms, 2),
             "verify_ms": round(verify_ms, 2), "build_over_verify": round(build_ms / verify_ms, 3),
@@ -56,11 +57,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, k_schedule=((64, args.k),),
-                             ssd=SsdConfig(backup="neural"))
-    llm = LLM(args.model, dtype=args.dtype, speculation=spec)
-    overlapped = llm.engine.spec.proposer
-    llm.engine.spec.proposer = overlapped.speculator  # answer + build one after the other: each timed alone
+    speculation = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, k_schedule=((64, args.k),),
+                                    ssd=SsdConfig(backup=Backup.NEURAL))
+    llm = LLM(args.model, dtype=args.dtype, speculation=speculation)
+    overlapped = llm.engine.speculative_decoder.proposer
+    # answer + build one after the other: each timed alone
+    llm.engine.speculative_decoder.proposer = overlapped.speculator
     overlapped.close()
     time_case(llm, 1, 0.0, 8)  # warm-up
     for batch in (int(b) for b in args.batch.split(",")):

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from ssd.config import SpeculationConfig, SsdConfig, TreeShape
-from ssd.engine import spec_decode
+from ssd.engine import speculative_decoder
 from ssd.llm import LLM
 from ssd.sampling import grammar as grammar_module
 from ssd.sampling.grammar import Grammar
@@ -72,22 +72,22 @@ class NoSplicing:
     """The speculation as the draft made it: no forced tokens spliced in."""
 
     def __enter__(self) -> None:
-        self._real = spec_decode.SpeculativeDecoder._with_forced_tokens
-        spec_decode.SpeculativeDecoder._with_forced_tokens = lambda self, seq, spec, k: spec  # type: ignore
+        self._real = speculative_decoder.SpeculativeDecoder._with_forced_tokens
+        speculative_decoder.SpeculativeDecoder._with_forced_tokens = lambda self, seq, speculation, k: speculation  # type: ignore
 
     def __exit__(self, *exc: object) -> None:
-        spec_decode.SpeculativeDecoder._with_forced_tokens = self._real  # type: ignore[method-assign]
+        speculative_decoder.SpeculativeDecoder._with_forced_tokens = self._real  # type: ignore[method-assign]
 
 
 class BlindDraft:
     """The draft does not see the grammar (proposers get no AnswerGrammar); the target still enforces it."""
 
     def __enter__(self) -> None:
-        self._real = spec_decode.AnswerGrammar
-        spec_decode.AnswerGrammar = lambda *_: None  # type: ignore[assignment,misc]
+        self._real = speculative_decoder.AnswerGrammar
+        speculative_decoder.AnswerGrammar = lambda *_: None  # type: ignore[assignment,misc]
 
     def __exit__(self, *exc: object) -> None:
-        spec_decode.AnswerGrammar = self._real  # type: ignore[misc]
+        speculative_decoder.AnswerGrammar = self._real  # type: ignore[misc]
 
 
 def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | None, splice: bool = True,
@@ -135,17 +135,17 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     grammar = Grammar("json_schema", json.dumps(SCHEMA))
-    specs = {"ar": None, "sd_chain": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k),
-             "sd_tree": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k,
-                                          tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2)),
-             "ssd_in_process": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, ssd=SsdConfig())}
+    speculations = {"ar": None, "sd_chain": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k),
+                    "sd_tree": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k,
+                                                 tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2)),
+                    "ssd_in_process": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, ssd=SsdConfig())}
     results: dict = {"command": vars(args), "schema": SCHEMA}
-    for name, spec in ((n, specs[n]) for n in args.modes.split(",")):
-        llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)
+    for name, speculation in ((n, speculations[n]) for n in args.modes.split(",")):
+        llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=speculation)
         prompts = [llm.chat_prompt([{"role": "user", "content": f"Describe {s} as a JSON record."}])
                    for s in SUBJECTS]
         variants = [("free", None, True, True), ("json_schema", grammar, True, True)]
-        if spec is not None:
+        if speculation is not None:
             variants += [("json_schema_blind_draft", grammar, True, False),
                          ("json_schema_unspliced_blind_draft", grammar, False, False)]
         for label, g, splice, sees in variants:

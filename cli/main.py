@@ -15,6 +15,7 @@ from ssd.cli_flags import (
     speculation_from_args,
     step_options_from_args,
 )
+from ssd.config import DecodeMode
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
 from ssd.quant_flags import add_quantization_flag
@@ -57,8 +58,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
-    spec = speculation_from_args(args, is_ssd=args.mode == "ssd") if args.mode in ("sd", "ssd") else None
-    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=spec,
+    speculation = speculation_from_args(args, args.mode)
+    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=speculation,
               quantization=args.quantization,
               tensor_parallel_size=args.tensor_parallel_size, **step_options_from_args(args))
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
@@ -77,7 +78,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     end = time.perf_counter()
     decode_s = end - (first or end)
     rate = (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
-    stats = llm.engine.spec.counters if llm.engine.spec is not None else None
+    stats = llm.engine.speculative_decoder.counters if llm.engine.speculative_decoder is not None else None
     extra = f", {stats.tokens_per_round:.2f} tokens/round" if stats and stats.num_drafts else ""
     print(f"\n\n[{tokens} tokens, first token {1000 * ((first or end) - start):.0f} ms, "
           f"decode {rate:.1f} tokens/s, {args.mode}, {args.dtype}{extra}]", file=sys.stderr)
@@ -140,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--grammar", metavar="FILE_OR_LARK",
                        help="structured output: the answer follows this Lark grammar (llguidance's dialect, rule "
                             "`start`)")
-    g.add_argument("--mode", default="ar", choices=["ar", "sd", "ssd"],
+    g.add_argument("--mode", default=DecodeMode.AR, type=DecodeMode, choices=list(DecodeMode),
                    help="ar: plain decoding; sd: speculative; ssd: speculative speculative (in one process here: "
                         "answer + cache build in turn, for checking; `ssd serve` / `ssd bench` overlap them)")
     add_speculation_flags(g)

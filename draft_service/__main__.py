@@ -19,7 +19,7 @@ from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
-from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
+from rpc.server import GrpcServer, HostedService, PortInUseError, check_port_free
 from rpc.tls_files import TlsConfigError
 from ssd.errors import SSDError
 
@@ -30,8 +30,8 @@ async def serve(config: DraftServiceConfig, draft: ServiceDraft) -> None:
     if draft.grammars is not None:  # structured output's tokenizer index, before the first grammar needs it
         threading.Thread(target=draft.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     servicer = SpeculatorServicer(draft, config.draft, session_limits(config, draft))
-    spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
-    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
+    service = HostedService("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
+    server = GrpcServer([service], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
                         is_internal=True)
     metrics = start_metrics_server(build_registry(servicer), config.address, config.metrics_port)
 

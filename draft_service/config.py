@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
-from ssd.config import BACKUP_KINDS, DEVICE_PATTERN, FAN_OUT_KINDS, MAX_LOOKAHEAD, SsdConfig
+from ssd.config import DEVICE_PATTERN, MAX_LOOKAHEAD, Backup, FanOut, SsdConfig
 from ssd.errors import InvalidRequestError
 
 
@@ -93,13 +93,13 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
 
 
 def add_ssd_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """SSD defaults of a neural draft (SSD.md section 5); a target's Round.ssd overrides them per round."""
-    g = p.add_argument_group("SSD (neural drafts; sequences whose Prefill asks for ssd)")
+    """SSD defaults of a neural draft (SSD.md section 5); a target's Hello.ssd overrides them for its session."""
+    g = p.add_argument_group("SSD (neural drafts; sequences whose Prefill mode is SSD)")
     g.add_argument("--fan-out-budget", type=int, default=int(env.get("SSD_DRAFT_FAN_OUT_BUDGET", "8")),
                    help="bonus-token guesses prepared per sequence and round (sum of the fan-out shape)")
-    g.add_argument("--fan-out", default=env.get("SSD_DRAFT_FAN_OUT", "geometric"), choices=FAN_OUT_KINDS,
+    g.add_argument("--fan-out", default=env.get("SSD_DRAFT_FAN_OUT", FanOut.GEOMETRIC), type=FanOut, choices=list(FanOut),
                    help="fan-out shape: geometric (from the measured acceptance) or uniform")
-    g.add_argument("--backup", default=env.get("SSD_DRAFT_BACKUP", "auto"), choices=BACKUP_KINDS,
+    g.add_argument("--backup", default=env.get("SSD_DRAFT_BACKUP", Backup.AUTO), type=Backup, choices=list(Backup),
                    help="on a cache miss: neural (draft now), fast (n-gram lookup), auto (by batch size)")
     g.add_argument("--backup-max-neural-batch", type=int,
                    default=int(env.get("SSD_DRAFT_BACKUP_MAX_NEURAL_BATCH", "4")),

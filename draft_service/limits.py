@@ -45,15 +45,20 @@ def check_round(round_: draft_pb2.Round, limits: SessionLimits) -> None:
                 f"tree shape must have budget in [1, {limits.max_tree_budget}], depth in "
                 f"[1, {limits.max_speculative_tokens}] and top_k in [1, {limits.max_tree_top_k}], got "
                 f"budget={t.budget} depth={t.depth} top_k={t.top_k}")
-    budget = round_.ssd.fan_out_budget
-    if not 0 <= budget <= limits.max_fan_out_budget:
-        raise InvalidRequestError(f"ssd.fan_out_budget must be in [0, {limits.max_fan_out_budget}], got {budget}")
+    check_ssd_options(round_.ssd, limits)
     named = len(round_.prefills) + len(round_.outcomes)
     if named > limits.max_sequences:
         raise InvalidRequestError(f"a session holds at most {limits.max_sequences} sequences; this round names {named}")
     tokens = sum(len(p.token_ids) for p in round_.prefills) + sum(len(o.new_token_ids) for o in round_.outcomes)
     if tokens > limits.max_round_tokens:
         raise InvalidRequestError(f"a round carries at most {limits.max_round_tokens} new tokens, this one {tokens}")
+
+
+def check_ssd_options(options: draft_pb2.SsdOptions, limits: SessionLimits) -> None:
+    """The fan-out budget of a Hello's (or an older target's Round's) SSD options; InvalidRequestError past it."""
+    budget = options.fan_out_budget
+    if not 0 <= budget <= limits.max_fan_out_budget:
+        raise InvalidRequestError(f"ssd.fan_out_budget must be in [0, {limits.max_fan_out_budget}], got {budget}")
 
 
 MAX_TEMPERATURE = 100.0  # a draft temperature past it is a malformed Prefill

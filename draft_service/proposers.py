@@ -1,8 +1,8 @@
-"""Builds the draft service's proposer from its config: n-gram lookup, a draft checkpoint, or an EAGLE-3 head.
+"""Builds the draft service's proposer from its config through the library's factory (ssd/speculation/factory.py).
 
 An EAGLE-3 head drafts from its target's features (sent by the target over the session) and its
 target's input embedding, which the draft loads once from the target checkpoint (`--target-model`).
-A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers `ssd` sequences, and
+A neural draft (checkpoint or head) is also wrapped in an SsdSpeculator that answers SSD sequences, and
 gets a grammar compiler over its tokenizer (the target's, for a head), so it drafts structured output under
 the request's grammar.
 """
@@ -20,8 +20,7 @@ from ssd.loader.safetensors_loader import checkpoint_files
 from ssd.model_config import load_model_config
 from ssd.model_store import ensure_model
 from ssd.sampling.grammar import GrammarCompiler
-from ssd.speculation.draft_model import DraftModelProposer
-from ssd.speculation.factory import branch_drafter_for, is_eagle3_folder
+from ssd.speculation.factory import DraftSite, build_neural_proposer, is_eagle3_folder, ssd_speculator
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import Proposer
 from ssd.speculation.ssd_speculator import SsdSpeculator
@@ -50,20 +49,21 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
         return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
     device = torch.device(config.device)
     path = ensure_model(config.draft)  # a known model not cached yet is pulled (unless SSD_OFFLINE=1)
+    site = DraftSite(device, 0, config.block_size,  # the target's block size, by default 16
+                     prefix_cache_blocks=config.prefix_cache_blocks, kv_cache_memory_mb=config.kv_cache_memory_mb,
+                     compile=config.compile, enforce_eager=config.enforce_eager,
+                     attention_backend=config.attention_backend)
     if is_eagle3_folder(path):
-        draft = build_eagle3(path, config)
+        draft = build_eagle3(path, config, site)
     else:
         model = load_model_config(path)
-        draft = ServiceDraft(DraftModelProposer(path, config.dtype, model.vocab_size, block_size=config.block_size,
-                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device,
-                                                compile=config.compile, enforce_eager=config.enforce_eager,
-                                                attention_backend=config.attention_backend),
-                             model.vocab_size, device=device, grammars=grammar_compiler(path),
+        proposer = build_neural_proposer(path, config.dtype, replace(site, vocab_size=model.vocab_size))
+        draft = ServiceDraft(proposer, model.vocab_size, device=device, grammars=grammar_compiler(path),
                              max_model_len=model.max_position_embeddings)
-    ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
+    ssd = ssd_speculator(draft.proposer, config.ssd, config.ngram_max)
     log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
              backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
-    return replace(draft, ssd=ssd, device=device)
+    return replace(draft, ssd=ssd)
 
 
 def grammar_compiler(folder: Path) -> GrammarCompiler | None:
@@ -77,10 +77,8 @@ def grammar_compiler(folder: Path) -> GrammarCompiler | None:
                            eos_token_ids(model.eos_token_ids, load_tokenizer(folder)))
 
 
-def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
+def build_eagle3(path: Path, config: DraftServiceConfig, site: DraftSite) -> ServiceDraft:
     """An EAGLE-3 head over the target named by `config.target_model` (its embedding and config)."""
-    from ssd.speculation.eagle3_proposer import Eagle3Proposer
-
     if not config.target_model:
         raise InvalidRequestError(
             f"{path} is an EAGLE-3 head: it drafts from its target's features and embedding, so the draft "
@@ -91,12 +89,12 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     if embedding.shape != (target_config.vocab_size, target_config.hidden_size):
         raise CheckpointError(f"{target}: {EMBEDDING_KEY} is {tuple(embedding.shape)}, its config says "
                               f"{(target_config.vocab_size, target_config.hidden_size)}")
-    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype, device=torch.device(config.device),
-                              prefix_block_size=config.block_size,  # the target's block size, by default 16
-                              prefix_cache_blocks=config.prefix_cache_blocks)
+    site = replace(site, vocab_size=target_config.vocab_size, target_config=target_config,
+                   target_embedding=lambda: embedding)
+    proposer = build_neural_proposer(path, config.dtype, site)
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
-    return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device),
+    return ServiceDraft(proposer, target_config.vocab_size, width, device=site.device,
                         grammars=grammar_compiler(target),  # a head drafts in its target's vocabulary
                         max_model_len=target_config.max_position_embeddings)
 

@@ -16,7 +16,7 @@ import structlog
 from grpc import aio
 
 from draft_service.deadlines import SWEEP_INTERVAL_S, SessionDeadlines
-from draft_service.limits import SessionLimits
+from draft_service.limits import SessionLimits, check_ssd_options
 from draft_service.proposers import ServiceDraft
 from draft_service.round_screen import screen
 from draft_service.session import RoundResult, Session
@@ -72,6 +72,9 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                         yield error
                         continue
                     hello = msg.hello
+                    if hello.HasField("ssd"):  # a bad value ends the session (INVALID_ARGUMENT)
+                        check_ssd_options(hello.ssd, self.limits)
+                        session.set_ssd_options(hello.ssd)
                     session.vocab_size = self.vocab_size or max(0, hello.vocab_size)  # n-gram: the target's
                     transport = session.tensors.accept(
                         list(hello.transports), hello.shm_probe if hello.HasField("shm_probe") else None,
@@ -80,13 +83,13 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
                         draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
                 elif kind == "round":
-                    specs = await self._round(session, deadlines, msg.round)
-                    for item in specs.items:
+                    speculations = await self._round(session, deadlines, msg.round)
+                    for item in speculations.items:
                         if item.token_ids:  # empty ones (no target features) are no draft
                             self.counters.record(len(item.token_ids), 0, 0)
-                    for err in specs.errors:
+                    for err in speculations.errors:
                         bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
-                    yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=specs)
+                    yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=speculations)
                 elif kind == "release":
                     for seq_id in msg.release.seq_ids:
                         deadlines.forget(seq_id)

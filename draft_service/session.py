@@ -7,9 +7,10 @@ without a gap (e.g. not one re-sent after a reconnect): the others get empty spe
 prompt the target's prefix cache served in part (`num_cached_tokens`) starts from the draft's own prefix cache
 (draft_service/draft_prefix.py); a draft without those blocks refuses it with FAILED_PRECONDITION.
 
-SSD: a sequence whose Prefill asks for `ssd` (on a neural draft) is answered by the SsdSpeculator
-from its speculation cache; `answer` returns the cache build to run after the answer is sent
-(`build`, queued by the servicer). Other sequences, and every one on an n-gram draft, get plain SD.
+SSD: a sequence whose Prefill's mode is SSD (on a neural draft) is answered by the SsdSpeculator
+from its speculation cache, under the session's SSD settings (Hello.ssd over the draft's); `answer` returns
+the cache build to run after the answer is sent (`build`, queued by the servicer). Other sequences, and every one
+on an n-gram draft, get plain SD.
 """
 
 import itertools
@@ -28,10 +29,10 @@ from draft_service.limits import (
     check_round,
     check_tokens,
 )
-from draft_service.ssd_options import round_config, timings
+from draft_service.ssd_options import options_config, prefill_mode, timings
 from protos.ssd.v1 import common_pb2, draft_pb2
 from rpc.tensors import SessionTensors
-from ssd.config import TreeShape
+from ssd.config import DecodeMode, SsdConfig, TreeShape
 from ssd.errors import (
     InvalidRequestError,
     PrefixUnavailableError,
@@ -80,6 +81,7 @@ class Session:
         self.limits = limits or SessionLimits()
         self.grammars = grammars  # None: grammars in Prefills are ignored (drafts propose unconstrained)
         self.ssd = ssd
+        self.ssd_config = ssd.config if ssd is not None else SsdConfig()  # Hello.ssd over the draft's defaults
         self.target_id = target_id
         self.feature_width = feature_width  # F of the features the proposer needs; 0 = it needs none
         self.seqs: dict[int, DraftRecord] = {}  # target seq id -> its record
@@ -88,6 +90,10 @@ class Session:
         self.last_build_s = 0.0  # this session's previous SSD cache build
         self._said_no_ssd = False  # an ssd Prefill on a draft without SSD is logged once per session
         self._said_grammar = False  # the first sequence drafted under its grammar is logged once per session
+
+    def set_ssd_options(self, options: draft_pb2.SsdOptions) -> None:
+        """Hello.ssd: this session's SSD settings over the draft's; InvalidRequestError for a bad value."""
+        self.ssd_config = options_config(self.ssd_config, options)
 
     def _features(self, seq: DraftRecord, msg: draft_pb2.Prefill | draft_pb2.Outcome) -> None:
         if self.feature_width and msg.HasField("features"):
@@ -101,9 +107,10 @@ class Session:
         if p.seq_id not in self.seqs and len(self.seqs) >= self.limits.max_sequences:
             raise ResourceExhaustedError(f"this session already holds {len(self.seqs)} sequences, its limit")
         self.release([p.seq_id])
+        mode = prefill_mode(p)
         seq = DraftRecord(next(_internal_ids), list(p.token_ids), p.temperature,
-                          torch.Generator().manual_seed(p.seed), is_ssd=p.ssd and self.ssd is not None)
-        if p.ssd and self.ssd is None and not self._said_no_ssd:
+                          torch.Generator().manual_seed(p.seed), mode=mode if self.ssd is not None else DecodeMode.SD)
+        if mode is DecodeMode.SSD and self.ssd is None and not self._said_no_ssd:
             self._said_no_ssd = True
             log.info("SSD asked of a draft without a speculation cache (n-gram); serving plain SD",
                      target=self.target_id, seq_id=p.seq_id)
@@ -191,37 +198,39 @@ class Session:
         tree = None
         if round_.HasField("tree"):
             tree = TreeShape(budget=round_.tree.budget, depth=round_.tree.depth, top_k=round_.tree.top_k)
-        specs: dict[int, Speculation] = {}  # target seq id -> its answer
+        speculations: dict[int, Speculation] = {}  # target seq id -> its answer
         plain, ssd = [], []
         for seq_id, seq in ready:
             if self.feature_width and not seq.has_features:
-                specs[seq_id] = Speculation([])  # empty: the target takes a plain decode step
+                speculations[seq_id] = Speculation([])  # empty: the target takes a plain decode step
             else:
-                (ssd if seq.is_ssd else plain).append((seq_id, seq))
+                (ssd if seq.mode is DecodeMode.SSD else plain).append((seq_id, seq))
         if plain:
             proposed = self.proposer.propose([self._request(seq, k, tree) for _, seq in plain])
-            specs.update(zip((seq_id for seq_id, _ in plain), proposed, strict=True))
-        job = self._answer_ssd(round_.ssd, ssd, k, specs, out, wait_s) if ssd else None
-        answered = [(seq_id, specs[seq_id]) for seq_id, _ in ready if seq_id in specs]
+            speculations.update(zip((seq_id for seq_id, _ in plain), proposed, strict=True))
+        job = self._answer_ssd(round_, ssd, k, speculations, out, wait_s) if ssd else None
+        answered = [(seq_id, speculations[seq_id]) for seq_id, _ in ready if seq_id in speculations]
         self.tensors.start_message(sum(s.q.numel() * 4 for _, s in answered if s.q is not None))  # q as float32
-        for seq_id, spec in answered:
-            out.items.append(to_message(seq_id, spec, self.tensors))
+        for seq_id, speculation in answered:
+            out.items.append(to_message(seq_id, speculation, self.tensors))
         return RoundResult(out, job)
 
-    def _answer_ssd(self, options: draft_pb2.SsdOptions, asking: list[tuple[int, DraftRecord]], k: int,
-                    specs: dict[int, Speculation], out: draft_pb2.Speculations, wait_s: float) -> BuildJob | None:
-        """SSD sequences' answers (cache hits, or backups for the misses) into `specs`; the build to run next.
-        Bad options are an INVALID_ARGUMENT error for each of these sequences (the session goes on)."""
-        assert self.ssd is not None  # only sequences marked is_ssd get here
+    def _answer_ssd(self, round_: draft_pb2.Round, asking: list[tuple[int, DraftRecord]], k: int,
+                    speculations: dict[int, Speculation], out: draft_pb2.Speculations,
+                    wait_s: float) -> BuildJob | None:
+        """SSD sequences' answers (cache hits, or backups for the misses) into `speculations`; the build to run next.
+        A round's deprecated options (older targets) apply over the session's; bad ones are an INVALID_ARGUMENT
+        error for each of these sequences (the session goes on)."""
+        assert self.ssd is not None  # only sequences in SSD mode get here
         try:
-            config = round_config(self.ssd.config, options)
+            config = options_config(self.ssd_config, round_.ssd) if round_.HasField("ssd") else self.ssd_config
         except InvalidRequestError as e:
             for seq_id, _ in asking:
                 out.errors.add(seq_id=seq_id, code="INVALID_ARGUMENT", message=f"SSD options: {e}")
             return None
         requests = [self._request(seq, k, None) for _, seq in asking]  # SSD speculates chains
         answers, job = self.ssd.answer(requests, [seq for _, seq in asking], config)
-        specs.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
+        speculations.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
         out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
         return job
 
@@ -241,12 +250,12 @@ class Session:
     def _request(self, seq: DraftRecord, k: int, tree: TreeShape | None) -> ProposeRequest:
         features_start, features = seq.features.take()  # [n, F] or None
         return ProposeRequest(seq.seq_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
-                              features, features_start, ssd=seq.is_ssd, grammar=seq.answer_grammar())
+                              features, features_start, mode=seq.mode, grammar=seq.answer_grammar())
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             seq = self.seqs.pop(seq_id, None)
-            if seq is not None and seq.is_ssd and self.ssd is not None:
+            if seq is not None and seq.mode is DecodeMode.SSD and self.ssd is not None:
                 self.ssd.release(seq)  # its model state, and the proposer's
             elif seq is not None:
                 self.proposer.release(seq.seq_id)
@@ -275,11 +284,11 @@ def _code(error: Exception) -> str:
     return "RESOURCE_EXHAUSTED" if isinstance(error, ResourceExhaustedError) else "INVALID_ARGUMENT"
 
 
-def to_message(seq_id: int, spec: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:
-    msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=spec.tokens, parents=spec.parents or [],
-                                        is_cache_hit=bool(spec.cache_hit))
-    if spec.predicted_hit is not None:  # SSD, once a build has predicted it
-        msg.predicted_hit = spec.predicted_hit
-    if spec.q is not None:  # [n, V] float32
-        msg.q.CopyFrom(torch_tensors.encode(tensors, spec.q.float()))
+def to_message(seq_id: int, speculation: Speculation, tensors: SessionTensors) -> draft_pb2.SequenceSpeculation:
+    msg = draft_pb2.SequenceSpeculation(seq_id=seq_id, token_ids=speculation.tokens, parents=speculation.parents or [],
+                                        is_cache_hit=bool(speculation.cache_hit))
+    if speculation.predicted_hit is not None:  # SSD, once a build has predicted it
+        msg.predicted_hit = speculation.predicted_hit
+    if speculation.q is not None:  # [n, V] float32
+        msg.q.CopyFrom(torch_tensors.encode(tensors, speculation.q.float()))
     return msg

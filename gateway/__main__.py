@@ -18,7 +18,7 @@ from gateway.servicer import GenerationServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import gateway_pb2_grpc
 from rpc.logging import configure_service_logging
-from rpc.server import GrpcServer, ServiceSpec
+from rpc.server import GrpcServer, HostedService
 
 log = structlog.get_logger(__name__)
 
@@ -47,9 +47,9 @@ async def serve(config: GatewayConfig) -> None:
     http = _HttpServer(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
                                       timeout_graceful_shutdown=int(config.grace_s)))
     http_task = asyncio.create_task(http.serve())
-    spec = ServiceSpec("ssd.v1.Generation", GenerationServicer(generator, keys, admission),
+    service = HostedService("ssd.v1.Generation", GenerationServicer(generator, keys, admission),
                        gateway_pb2_grpc.add_GenerationServicer_to_server)
-    server = GrpcServer([spec], config.grpc_address, {}, grace_s=config.grace_s,
+    server = GrpcServer([service], config.grpc_address, {}, grace_s=config.grace_s,
                         max_receive_bytes=config.max_grpc_message_bytes)
 
     async def on_stop() -> None:

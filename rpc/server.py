@@ -47,7 +47,7 @@ def check_port_free(address: str) -> None:
 
 
 @dataclass(frozen=True)
-class ServiceSpec:
+class HostedService:
     """One servicer to register: `add(servicer, server)` is the generated add_*_to_server function."""
 
     name: str  # full service name, e.g. "ssd.v1.Verifier" (health and reflection)
@@ -64,7 +64,7 @@ def _server_options(max_receive_bytes: int | None) -> list[tuple[str, int]]:
 
 
 class GrpcServer:
-    def __init__(self, services: Sequence[ServiceSpec], address: str, status_table: StatusTable,
+    def __init__(self, services: Sequence[HostedService], address: str, status_table: StatusTable,
                  grace_s: float = 10.0, tls: TlsFiles | None = None, is_internal: bool = False,
                  max_receive_bytes: int | None = None) -> None:
         """`max_receive_bytes`: a smaller limit on incoming messages than the shared one (the public gateway)."""
@@ -74,8 +74,8 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         self.server = aio.server(interceptors=[ErrorMappingInterceptor(status_table)],
                                  options=_server_options(max_receive_bytes))
-        for spec in self.services:
-            spec.add(spec.servicer, self.server)
+        for service in self.services:
+            service.add(service.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [s.name for s in self.services]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)

@@ -4,9 +4,10 @@ import argparse
 
 from ssd.config import (
     ATTENTION_BACKENDS,
-    BACKUP_KINDS,
     COMPILE_MODES,
-    FAN_OUT_KINDS,
+    Backup,
+    DecodeMode,
+    FanOut,
     SpeculationConfig,
     SsdConfig,
     TreeShape,
@@ -51,9 +52,9 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ssd (speculative speculative decoding)")
     g.add_argument("--f", type=int, default=SsdConfig.fan_out_budget, dest="fan_out_budget",
                    help="bonus-token guesses the draft prepares per sequence and round (fan-out budget)")
-    g.add_argument("--fan-out", default=SsdConfig.fan_out, choices=FAN_OUT_KINDS,
+    g.add_argument("--fan-out", default=SsdConfig.fan_out, type=FanOut, choices=list(FanOut),
                    help="fan-out shape over acceptance lengths: geometric (from measured acceptance) or uniform")
-    g.add_argument("--backup", default=SsdConfig.backup, choices=BACKUP_KINDS,
+    g.add_argument("--backup", default=SsdConfig.backup, type=Backup, choices=list(Backup),
                    help="on a cache miss: neural (draft now), fast (n-gram lookup), auto (by batch size)")
     g.add_argument("--saguaro-c", type=float, default=SsdConfig.saguaro_c,
                    help="Saguaro sampling: scale the draft's top-F probabilities by C in (0, 1] (1 = off)")
@@ -68,8 +69,11 @@ def ssd_from_args(args: argparse.Namespace) -> SsdConfig:
                      saguaro_c=args.saguaro_c)
 
 
-def speculation_from_args(args: argparse.Namespace, max_batch: int | None = None,
-                          is_ssd: bool = False) -> SpeculationConfig:
+def speculation_from_args(args: argparse.Namespace, mode: DecodeMode,
+                          max_batch: int | None = None) -> SpeculationConfig | None:
+    """The speculation settings of `mode` (None for AR)."""
+    if mode is DecodeMode.AR:
+        return None
     schedule = ((max_batch, args.k),) if max_batch else None
     return SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, tree=tree_from_args(args),
-                             k_schedule=schedule, ssd=ssd_from_args(args) if is_ssd else None)
+                             k_schedule=schedule, ssd=ssd_from_args(args) if mode is DecodeMode.SSD else None)

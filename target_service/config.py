@@ -8,12 +8,10 @@ from dataclasses import dataclass, field
 from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
 from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
-from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET
+from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET, DecodeMode, parse_enum
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
 from ssd.quant_flags import add_quantization_flag
-
-MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class TargetServiceConfig:
     num_speculative_tokens: int = 4  # lookahead K (a tree's depth)
     tree_budget: int = 0  # sd requests: draft nodes per token tree; 0 = chains (ssd requests always speculate chains)
     tree_top_k: int = 2  # children tried per expanded tree node
-    default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" | "ssd" (sd and ssd need a draft)
+    default_mode: DecodeMode = DecodeMode.SD  # mode of requests that name none (sd and ssd need a draft)
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
     draft_info_timeout_s: float = 60.0  # start-up wait for the draft's GetInfo (its feature layers)
@@ -68,8 +66,7 @@ class TargetServiceConfig:
             raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.tensor_transport not in ("auto", "inline"):
             raise InvalidRequestError(f"tensor transport must be 'auto' or 'inline', got {self.tensor_transport!r}")
-        if self.default_mode not in MODES:
-            raise InvalidRequestError(f"default mode must be one of {MODES}, got {self.default_mode!r}")
+        object.__setattr__(self, "default_mode", parse_enum(DecodeMode, self.default_mode, "default mode"))
         if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0 or self.num_threads < 1:
             raise InvalidRequestError("draft timeouts must be > 0 and threads >= 1")
         if not 0 <= self.tree_budget <= MAX_TREE_BUDGET or self.tree_top_k < 1:
@@ -132,7 +129,8 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--tree-budget", type=int, default=int(env.get("SSD_TARGET_TREE_BUDGET", "0")),
                    help="sd requests speculate token trees of this many draft nodes (0 = chains; ssd stays chains)")
     p.add_argument("--tree-topk", type=int, default=2, help="children tried per expanded tree node")
-    p.add_argument("--default-mode", default=env.get("SSD_TARGET_DEFAULT_MODE", "sd"), choices=MODES,
+    p.add_argument("--default-mode", default=env.get("SSD_TARGET_DEFAULT_MODE", DecodeMode.SD), type=DecodeMode,
+                   choices=list(DecodeMode),
                    help="mode of requests that name none (sd and ssd need --draft-address)")
     p.add_argument("--draft-timeout-s", type=float, default=5.0)
     p.add_argument("--draft-feature-layers", type=parse_feature_layers,

@@ -141,7 +141,7 @@ class EngineLoop:
         e = self.engine
         bm = e.block_manager
         outstanding = sum(max(0, s.params.max_tokens - s.num_output_tokens) for s in e.seqs.values())
-        c = e.spec.counters if e.spec is not None else None
+        c = e.speculative_decoder.counters if e.speculative_decoder is not None else None
         self.load = LoadSnapshot(
             num_waiting=len(e.scheduler.waiting), num_running=len(e.scheduler.running),
             num_used_kv_blocks=bm.num_blocks - bm.num_free_blocks, num_kv_blocks=bm.num_blocks,

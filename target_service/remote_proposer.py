@@ -14,8 +14,8 @@ another draft (or a reopened session) carries them all. A Prefill whose prompt t
 served in part says so (`num_cached_tokens` = N) and carries features from position N - 1 only: the draft
 takes the rest from its own prefix cache, or answers FAILED_PRECONDITION, and the sequence is resent whole.
 
-SSD: a sequence whose request asks for ssd goes to the draft with Prefill.ssd; rounds carry the
-optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
+SSD: a sequence whose request asks for ssd goes to the draft with Prefill.mode SSD; the session's Hello
+carries the optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
 """
 
 import dataclasses
@@ -30,7 +30,7 @@ from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from rpc.options import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
 from rpc.tls import sync_channel
 from rpc.tls_files import TlsFiles
-from ssd.config import SsdConfig
+from ssd.config import DecodeMode, SsdConfig
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Speculation
@@ -38,7 +38,7 @@ from target_service.draft_pool import DraftPool
 from target_service.draft_session import DraftSession, SentSequence
 from target_service.sent_features import SentFeatures
 from target_service.seq_deadlines import SeqDeadlines
-from target_service.ssd_wire import DraftTimings, ssd_options
+from target_service.ssd_wire import PREFILL_MODES, DraftTimings, ssd_options
 from tensor_transport import torch_tensors
 
 log = structlog.get_logger(__name__)
@@ -76,7 +76,7 @@ def fetch_feature_layers(addresses: str | list[str], timeout_s: float, tls: TlsF
 
 class RemoteProposer:
     """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
-    `ssd_options`: SSD settings sent with every round that has ssd sequences; None = the draft's defaults."""
+    `ssd_options`: the session's SSD settings, sent in each session's Hello; None = the draft's defaults."""
 
     def __init__(self, addresses: str | list[str], target_id: str, vocab_size: int, timeout_s: float = 5.0,
                  reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = (),
@@ -130,6 +130,8 @@ class RemoteProposer:
         round_id = next(self._round_ids)
         offer = session.tensors.offer(enabled=self.offer_shared_memory)
         hello = draft_pb2.Hello(target_id=self.target_id, vocab_size=self.vocab_size, transports=offer.transports)
+        if self.ssd_options is not None:
+            hello.ssd.CopyFrom(ssd_options(self.ssd_options))
         if offer.shm_probe is not None:
             hello.shm_probe.CopyFrom(offer.shm_probe)
         if offer.cuda_probe is not None:
@@ -165,7 +167,8 @@ class RemoteProposer:
         state = session.known.get(r.seq_id)
         if state is None:
             prefill = round_.prefills.add(seq_id=r.seq_id, token_ids=r.token_ids, temperature=r.temperature,
-                                          seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF, ssd=r.ssd)
+                                          seed=r.generator.initial_seed() & 0x7FFF_FFFF_FFFF_FFFF,
+                                          mode=PREFILL_MODES[r.mode])
             if (time_left_ms := self.deadlines.time_left_ms(r.seq_id)) is not None:  # unset: no deadline
                 prefill.time_left_ms = time_left_ms
             if r.grammar is not None:  # the draft compiles it too, to propose only what it allows
@@ -237,9 +240,9 @@ class RemoteProposer:
                 log.warning("no speculations from the draft; decoding without them", round_id=round_id)
                 session.close()  # a late answer would desynchronize the stream: start a fresh session
                 continue
-            specs = self._apply(session, [requests[i] for i in indices], answer.speculations)
-            for i, spec in zip(indices, specs, strict=True):
-                out[i] = spec
+            speculations = self._apply(session, [requests[i] for i in indices], answer.speculations)
+            for i, speculation in zip(indices, speculations, strict=True):
+                out[i] = speculation
         return out
 
     def _send_round(self, session: DraftSession, requests: list[ProposeRequest]) -> int:
@@ -248,8 +251,6 @@ class RemoteProposer:
         tree = next((r.tree for r in requests if r.tree is not None), None)
         if tree is not None:
             round_.tree.CopyFrom(draft_pb2.TreeShape(budget=tree.budget, depth=tree.depth, top_k=tree.top_k))
-        if self.ssd_options is not None and any(r.ssd for r in requests):
-            round_.ssd.CopyFrom(ssd_options(self.ssd_options))
         entries = [(r, self._entry(session, r, round_)) for r in requests]
         if session.sends_features:
             self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
@@ -258,29 +259,29 @@ class RemoteProposer:
         return round_id
 
     def _apply(self, session: DraftSession, requests: list[ProposeRequest],
-               specs: draft_pb2.Speculations) -> list[Speculation]:
-        failed = {e.seq_id for e in specs.errors}
-        for e in specs.errors:
+               speculations: draft_pb2.Speculations) -> list[Speculation]:
+        failed = {e.seq_id for e in speculations.errors}
+        for e in speculations.errors:
             if e.code == "FAILED_PRECONDITION":  # the draft lacks the prefix blocks: resend it whole
                 self._resend_whole.add(e.seq_id)
                 log.info("the draft lacks the sequence's prefix blocks; resending it whole", seq_id=e.seq_id)
                 continue
             log.warning("draft rejected a sequence", seq_id=e.seq_id, code=e.code, error=e.message)
         # the draft sends timings only when it answered from its SSD cache (an n-gram draft serves ssd as plain SD)
-        answered_ssd = specs.HasField("timings")
+        answered_ssd = speculations.HasField("timings")
         if answered_ssd:
-            self._timings.add(specs.timings)
-        by_id = {item.seq_id: item for item in specs.items}
+            self._timings.add(speculations.timings)
+        by_id = {item.seq_id: item for item in speculations.items}
         out = []
         for r in requests:
             item = None if r.seq_id in failed else by_id.get(r.seq_id)
-            spec = self._speculation(session, item, is_ssd=r.ssd and answered_ssd)
-            if spec is None:
+            speculation = self._speculation(session, item, is_ssd=r.mode is DecodeMode.SSD and answered_ssd)
+            if speculation is None:
                 session.known.pop(r.seq_id, None)  # re-sent as a Prefill next round
                 out.append(Speculation([]))
                 continue
             session.known[r.seq_id] = SentSequence(len(r.token_ids))
-            out.append(spec)
+            out.append(speculation)
         return out
 
     @staticmethod

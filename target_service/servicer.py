@@ -11,6 +11,7 @@ import structlog
 from grpc import aio
 
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
+from ssd.config import DecodeMode
 from ssd.dtypes import dtype_name
 from ssd.engine.llm_engine import StepOutput
 from ssd.engine.sequence import FinishReason
@@ -32,8 +33,17 @@ FINISH_REASONS = {
 }
 
 
-DEFAULT_MODES = {"ar": common_pb2.SPECULATION_MODE_AR, "sd": common_pb2.SPECULATION_MODE_SD,
-                 "ssd": common_pb2.SPECULATION_MODE_SSD}
+MODES = {common_pb2.SPECULATION_MODE_AR: DecodeMode.AR, common_pb2.SPECULATION_MODE_SD: DecodeMode.SD,
+         common_pb2.SPECULATION_MODE_SSD: DecodeMode.SSD}  # the one proto <-> engine mode mapping of the target
+
+
+def request_mode(mode: int, default: DecodeMode) -> DecodeMode:
+    """A request's mode, or the service's default when it names none; InvalidRequestError if unknown."""
+    if mode == common_pb2.SPECULATION_MODE_UNSPECIFIED:
+        return default
+    if mode not in MODES:
+        raise InvalidRequestError(f"mode must be a SpeculationMode (0-3), got {mode}")
+    return MODES[mode]
 
 
 def token_logprobs_proto(logprobs: list[TokenLogprob] | None) -> list[common_pb2.TokenLogprob]:
@@ -48,7 +58,7 @@ def grammar(g: common_pb2.Grammar) -> Grammar:
     return Grammar(kind, getattr(g, kind))
 
 
-def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
+def sampling_params(p: common_pb2.SamplingParams, mode: DecodeMode) -> SamplingParams:
     """Proto -> engine params for a resolved mode (AR, SD or SSD); the engine validates
     (InvalidRequestError -> INVALID_ARGUMENT)."""
     return SamplingParams(
@@ -60,8 +70,7 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         logit_bias=sorted(p.logit_bias.items()), repetition_penalty=p.repetition_penalty or 1.0, min_p=p.min_p,
         min_tokens=p.min_tokens, grammar=grammar(p.grammar) if p.HasField("grammar") else None,
-        speculate=mode in (common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD),
-        ssd=mode == common_pb2.SPECULATION_MODE_SSD)
+        mode=mode)
 
 
 def spec_stats(summary: dict | None) -> common_pb2.SpeculationStats | None:
@@ -97,28 +106,21 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         self.info = target_pb2.TargetInfo(
             model_name=config.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
             eos_token_ids=sorted(info.eos_token_ids), tokenizer=read_tokenizer_files(info.model_path),
-            modes=[common_pb2.SPECULATION_MODE_AR] + (
-                [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD] if proposer else []),
+            modes=[m for m, mode in MODES.items() if proposer or mode is DecodeMode.AR],
             num_kv_blocks=engine_loop.engine.block_manager.num_blocks,
             block_size=engine_loop.engine.block_manager.block_size,
             dtype=dtype_name(engine_loop.engine.worker.dtype),  # "auto" resolved
             quantization=engine_loop.engine.worker.quantization.describe())  # "auto" resolved
 
-    def _mode(self, mode: int) -> int:
-        """The request's mode, or the service's default when it names none."""
-        if mode == common_pb2.SPECULATION_MODE_UNSPECIFIED:
-            return DEFAULT_MODES[self.config.default_mode]
-        return mode
-
     async def Generate(self, request: target_pb2.VerifierGenerateRequest,
                        context: aio.ServicerContext) -> AsyncIterator[target_pb2.VerifierGenerateResponse]:
         structlog.contextvars.bind_contextvars(request_id=request.request_id)
-        params = sampling_params(request.params, self._mode(request.mode))
+        params = sampling_params(request.params, request_mode(request.mode, self.config.default_mode))
         seq_id, stream = await self.engine_loop.add(list(request.prompt_token_ids), params)
         if request.request_id:
             self.requests[request.request_id] = seq_id
         log.info("admitted", seq_id=seq_id, prompt_tokens=len(request.prompt_token_ids),
-                 max_tokens=params.max_tokens, speculate=params.speculate, ssd=params.ssd)
+                 max_tokens=params.max_tokens, mode=params.mode)
         finished, first = False, True
         remaining = context.time_remaining()  # the caller's deadline (None = none)
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining

@@ -1,16 +1,22 @@
-"""SSD on the wire, target side: the SsdOptions a Round carries, and the draft's timings summed for benchmarks."""
+"""SSD on the wire, target side: the one mapping of the engine's modes and SSD settings to the proto (a
+Prefill's mode, the session's SsdOptions in Hello), and the draft's timings summed for benchmarks."""
 
 from dataclasses import dataclass
 
-from protos.ssd.v1 import draft_pb2
-from ssd.config import SsdConfig
+from protos.ssd.v1 import common_pb2, draft_pb2
+from ssd.config import Backup, DecodeMode, FanOut, SsdConfig
+
+PREFILL_MODES = {DecodeMode.SD: common_pb2.SPECULATION_MODE_SD, DecodeMode.SSD: common_pb2.SPECULATION_MODE_SSD}
+FAN_OUT_KINDS = {FanOut.GEOMETRIC: draft_pb2.FAN_OUT_KIND_GEOMETRIC, FanOut.UNIFORM: draft_pb2.FAN_OUT_KIND_UNIFORM}
+BACKUP_KINDS = {Backup.AUTO: draft_pb2.BACKUP_KIND_AUTO, Backup.NEURAL: draft_pb2.BACKUP_KIND_NEURAL,
+                Backup.FAST: draft_pb2.BACKUP_KIND_FAST}
 
 
 def ssd_options(config: SsdConfig) -> draft_pb2.SsdOptions:
-    """The per-round SSD settings (a fan-out budget of 0 reads as "the draft's default" on the wire;
-    backup_max_neural_batch has no field: the draft's own applies)."""
-    return draft_pb2.SsdOptions(fan_out_budget=config.fan_out_budget, fan_out=config.fan_out,
-                                backup=config.backup, saguaro_c=config.saguaro_c)
+    """The session's SSD settings for Hello.ssd (a fan-out budget of 0 reads as "the draft's default" on the
+    wire; backup_max_neural_batch has no field: the draft's own applies)."""
+    return draft_pb2.SsdOptions(fan_out_budget=config.fan_out_budget, fan_out_kind=FAN_OUT_KINDS[config.fan_out],
+                                backup_kind=BACKUP_KINDS[config.backup], saguaro_c=config.saguaro_c)
 
 
 @dataclass

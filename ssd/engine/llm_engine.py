@@ -17,7 +17,7 @@ from ssd.device import resolve_device
 from ssd.dtypes import dtype_name
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
-from ssd.engine.spec_decode import SpeculativeDecoder
+from ssd.engine.speculative_decoder import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
@@ -84,12 +84,12 @@ class LLMEngine:
         self.grammars = GrammarCompiler(tokenizer_json, mc.vocab_size, eos) if tokenizer_json.is_file() else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(config.max_num_batched_tokens, max_len),
                                    config.prefill_chunk_tokens)
-        self.spec: SpeculativeDecoder | None = None
+        self.speculative_decoder: SpeculativeDecoder | None = None
         if proposer is not None and config.speculation is None:
             raise InvalidRequestError("a proposer was given but speculation is not configured")
         if config.speculation is not None:
             proposer = proposer or build_proposer(config.speculation, self.worker, dtype_name(self.worker.dtype))
-            self.spec = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
+            self.speculative_decoder = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
@@ -144,8 +144,8 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq, reason)
-        if self.spec is not None:
-            self.spec.release(seq.seq_id)
+        if self.speculative_decoder is not None:
+            self.speculative_decoder.release(seq.seq_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -153,13 +153,14 @@ class LLMEngine:
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """One forward: a prefill batch, a decode batch, or a speculative round for the decode batch."""
-        reserve = self.spec.lookahead_slots if self.spec is not None else 0
+        reserve = self.speculative_decoder.lookahead_slots if self.speculative_decoder is not None else 0
         batch = self.scheduler.schedule(num_lookahead_tokens=reserve)
         if batch is None:
             return []
-        k = self.spec.config.lookahead_for(len(batch.seqs)) if self.spec is not None else 0
+        decoder = self.speculative_decoder
+        k = decoder.config.lookahead_for(len(batch.seqs)) if decoder is not None else 0
         if batch.mode == ForwardMode.DECODE and k > 0:
-            outcomes, new_logprobs = self.spec.run_round(batch.seqs, k)
+            outcomes, new_logprobs = self.speculative_decoder.run_round(batch.seqs, k)
         else:
             batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
             if not batch.seqs:
@@ -179,12 +180,12 @@ class LLMEngine:
                         seq.block_table, num_logits=(n if seq.needs_prompt_logprobs else 1) if last else 0)
             for seq, n, last in zip(batch.seqs, batch.num_new_tokens, done, strict=True)
         ]
-        aux_layers = self.spec.feature_layers if self.spec is not None else ()
+        aux_layers = self.speculative_decoder.feature_layers if self.speculative_decoder is not None else ()
         out = self.runner.forward(items, batch.mode, aux_layers)  # logits [sum(num_logits), V]
         if out.aux_hidden is not None:  # the proposer learns every new position's target features
             rows = out.aux_hidden.split([len(it.token_ids) for it in items])
             for seq, item, seq_rows in zip(batch.seqs, items, rows, strict=True):
-                self.spec.add_features(seq, item.start_position, seq_rows)
+                self.speculative_decoder.add_features(seq, item.start_position, seq_rows)
         for seq, n, last in zip(batch.seqs, batch.num_new_tokens, done, strict=True):
             if not last:  # a chunk of a longer prompt: its KV is in, nothing to sample yet
                 seq.num_cached_tokens += n
@@ -242,8 +243,8 @@ class LLMEngine:
                 self._finish(seq, reason)
                 self.seqs.pop(seq.seq_id, None)
                 spec = seq.spec_counters.as_dict() if seq.spec_counters.num_drafts else None
-            elif self.spec is not None:  # not truncated: a truncated round finished the sequence
-                self.spec.proposer.observe(seq.seq_id, outcome)
+            elif self.speculative_decoder is not None:  # not truncated: a truncated round finished the sequence
+                self.speculative_decoder.proposer.observe(seq.seq_id, outcome)
             outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,
                                       None if logprobs is None else logprobs[: len(emitted)], prompt_logprobs))
         return outputs

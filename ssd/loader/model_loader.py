@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ssd.loader.quantize import QuantizationSpec, quantize_model, resolve_quantization
+from ssd.loader.quantize import QuantizationScheme, quantize_model, resolve_quantization
 from ssd.loader.safetensors_loader import load_weights
 from ssd.model_config import ModelConfig, load_model_config
 from ssd.models.registry import model_class
@@ -18,9 +18,9 @@ def load_model(folder: Path, dtype: torch.dtype, quantization: str = "none") -> 
 
 
 def load_quantized_model(folder: Path, dtype: torch.dtype,
-                         quantization: str) -> tuple[nn.Module, ModelConfig, QuantizationSpec]:
+                         quantization: str) -> tuple[nn.Module, ModelConfig, QuantizationScheme]:
     """`load_model`, also returning what `quantization` resolved to for this checkpoint."""
-    spec = resolve_quantization(quantization, folder)
+    scheme = resolve_quantization(quantization, folder)
     config = load_model_config(folder)
     cls = model_class(config)
     previous = torch.get_default_dtype()
@@ -30,6 +30,6 @@ def load_quantized_model(folder: Path, dtype: torch.dtype,
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, folder)
-    quantize_model(model, folder, spec, dtype)
+    quantize_model(model, folder, scheme, dtype)
     model.eval()
-    return model, config, spec
+    return model, config, scheme

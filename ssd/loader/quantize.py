@@ -35,7 +35,7 @@ DEFAULT_GROUP_SIZE = 32
 
 
 @dataclass(frozen=True)
-class QuantizationSpec:
+class QuantizationScheme:
     method: str  # "none" | "int8" | "int4"
     group_size: int | None = None  # int4 only; None = the checkpoint's own (or DEFAULT_GROUP_SIZE)
     is_own: bool = False  # the checkpoint's own quantized weights, not computed at load
@@ -46,47 +46,47 @@ class QuantizationSpec:
         return f"int4 (group {self.group_size}, {'checkpoint' if self.is_own else 'quantized at load'})"
 
 
-def resolve_quantization(requested: str, folder: Path) -> QuantizationSpec:
+def resolve_quantization(requested: str, folder: Path) -> QuantizationScheme:
     """What `requested` (an EngineConfig.quantization value) means for the checkpoint `folder`."""
     method, _, group = requested.partition(":")
     own = has_int4_cache(folder)
     if method == "auto":
-        return QuantizationSpec("int4", GGUF_BLOCK, is_own=True) if own else QuantizationSpec("none")
+        return QuantizationScheme("int4", GGUF_BLOCK, is_own=True) if own else QuantizationScheme("none")
     if method in ("none", "int8"):
-        return QuantizationSpec(method)
+        return QuantizationScheme(method)
     if method != "int4":
         raise InvalidRequestError(f"quantization must be none, auto, int8, int4 or int4:G, got {requested!r}")
     size = int(group) if group else None
     if size is not None and size not in INT4_GROUP_SIZES:
         raise InvalidRequestError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {size}")
     if own and size in (None, GGUF_BLOCK):
-        return QuantizationSpec("int4", GGUF_BLOCK, is_own=True)
-    return QuantizationSpec("int4", size or DEFAULT_GROUP_SIZE)
+        return QuantizationScheme("int4", GGUF_BLOCK, is_own=True)
+    return QuantizationScheme("int4", size or DEFAULT_GROUP_SIZE)
 
 
-def quantize_model(model: nn.Module, folder: Path, spec: QuantizationSpec, dtype: torch.dtype) -> int:
-    """Swap every decoder linear of `model` (loaded, on CPU) to `spec`'s weights; returns how many."""
-    if spec.method == "none":
+def quantize_model(model: nn.Module, folder: Path, scheme: QuantizationScheme, dtype: torch.dtype) -> int:
+    """Swap every decoder linear of `model` (loaded, on CPU) to `scheme`'s weights; returns how many."""
+    if scheme.method == "none":
         return 0
-    own = load_int4_cache(folder) if spec.is_own else {}
+    own = load_int4_cache(folder) if scheme.is_own else {}
     count = 0
     for name, module in quantizable_linears(model):
         device = module.weight.device
-        if spec.is_own:
+        if scheme.is_own:
             weight: Int4Weight = _own_shard(model, module, name, own)
             matmul: Int4Matmul | Int8Matmul = Int4Matmul(weight, dtype, device)
-        elif spec.method == "int4":
-            matmul = Int4Matmul(quantize_int4(module.weight, _group_for(module, name, spec)), dtype, device)
+        elif scheme.method == "int4":
+            matmul = Int4Matmul(quantize_int4(module.weight, _group_for(module, name, scheme)), dtype, device)
         else:
             matmul = Int8Matmul(quantize_int8(module.weight), dtype, device)
         module.use_quantized(matmul)
         count += 1
-    log.info("quantized linear layers", quantization=spec.describe(), num_linears=count)
+    log.info("quantized linear layers", quantization=scheme.describe(), num_linears=count)
     return count
 
 
-def _group_for(module: nn.Module, name: str, spec: QuantizationSpec) -> int:
-    size = spec.group_size or DEFAULT_GROUP_SIZE
+def _group_for(module: nn.Module, name: str, scheme: QuantizationScheme) -> int:
+    size = scheme.group_size or DEFAULT_GROUP_SIZE
     if module.weight.shape[1] % size:
         raise InvalidRequestError(f"{name}: {module.weight.shape[1]} input features (this rank's) are not a "
                                   f"multiple of the int4 group size {size}")

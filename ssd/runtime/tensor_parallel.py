@@ -52,7 +52,7 @@ ADDRESS_ENV, AUTHKEY_ENV = "SSD_TP_ADDRESS", "SSD_TP_AUTHKEY"
 
 
 @dataclass(frozen=True)
-class RankSpec:
+class RankSetup:
     """What a worker needs to build its shard (sent to it over the control connection)."""
 
     path: Path
@@ -93,12 +93,12 @@ def pin(cores: tuple[int, ...] | None, num_threads: int) -> None:
     torch.set_num_threads(num_threads)
 
 
-def make_group(spec: RankSpec, store_port: int, rank: int, size: int) -> TensorParallel:
+def make_group(setup: RankSetup, store_port: int, rank: int, size: int) -> TensorParallel:
     """Join the ranks' gloo group (blocks until all `size` ranks have joined) and map the shared memory."""
     parent = os.getppid()
-    shared = None if spec.shared_memory is None else SharedMemoryCollectives(
-        spec.shared_memory, rank, size, create=False, peers_alive=lambda: os.getppid() == parent,
-        timeout_s=COLLECTIVE_TIMEOUT.total_seconds(), own_core=spec.cores is not None)
+    shared = None if setup.shared_memory is None else SharedMemoryCollectives(
+        setup.shared_memory, rank, size, create=False, peers_alive=lambda: os.getppid() == parent,
+        timeout_s=COLLECTIVE_TIMEOUT.total_seconds(), own_core=setup.cores is not None)
     store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
     return TensorParallel(rank, size, dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT), shared)
 
@@ -179,16 +179,16 @@ def start_tensor_parallel(path: Path, mc: ModelConfig, config: EngineConfig) -> 
     threads = config.num_threads or (len(cores[0]) if cores else max(1, (os.cpu_count() or 1) // size))
     use_shared = config.tensor_parallel_collectives == "auto" and shared_memory_collectives_supported()
     shm = shared_memory_path() if use_shared else None
-    specs = [RankSpec(path, config, threads, cores[r] if cores else None, shm) for r in range(size)]
+    setups = [RankSetup(path, config, threads, cores[r] if cores else None, shm) for r in range(size)]
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
     workers = _launch(size - 1, caller_cores=os.sched_getaffinity(0))
     try:
-        pin(specs[0].cores, threads)  # close() gives the calling thread its cores back
+        pin(setups[0].cores, threads)  # close() gives the calling thread its cores back
         shared = None if shm is None else SharedMemoryCollectives(
             shm, 0, size, create=True, peers_alive=lambda: all(p.poll() is None for p in workers.procs),
             timeout_s=COLLECTIVE_TIMEOUT.total_seconds(), own_core=cores is not None)
         for rank, conn in enumerate(workers.conns, start=1):
-            conn.send_bytes(pickle.dumps((rank, size, store.port, specs[rank])))
+            conn.send_bytes(pickle.dumps((rank, size, store.port, setups[rank])))
         tp = TensorParallel(0, size, dist.ProcessGroupGloo(store, 0, size, COLLECTIVE_TIMEOUT), shared)
         worker = ModelWorker.for_engine(path, config, "cpu", tp)
         _await_ready(workers, worker.num_blocks)

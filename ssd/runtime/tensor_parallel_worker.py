@@ -16,7 +16,7 @@ import torch
 
 from ssd.log_setup import configure_logging
 from ssd.runtime.model_worker import ModelWorker
-from ssd.runtime.tensor_parallel import ADDRESS_ENV, AUTHKEY_ENV, RankSpec, make_group, pin
+from ssd.runtime.tensor_parallel import ADDRESS_ENV, AUTHKEY_ENV, RankSetup, make_group, pin
 
 log = structlog.get_logger(__name__)
 
@@ -45,13 +45,13 @@ def main() -> int:
                          "(use --tensor-parallel-size)\n")
         return 2
     conn = Client(os.environ[ADDRESS_ENV], family="AF_UNIX", authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
-    rank, size, store_port, spec = pickle.loads(conn.recv_bytes())
-    if not isinstance(spec, RankSpec):
-        raise RuntimeError(f"expected a RankSpec from rank 0, got {type(spec).__name__}")
-    pin(spec.cores, spec.num_threads)
+    rank, size, store_port, setup = pickle.loads(conn.recv_bytes())
+    if not isinstance(setup, RankSetup):
+        raise RuntimeError(f"expected a RankSetup from rank 0, got {type(setup).__name__}")
+    pin(setup.cores, setup.num_threads)
     structlog.contextvars.bind_contextvars(tp_rank=rank)
-    tp = make_group(spec, store_port, rank, size)
-    worker = ModelWorker.for_engine(spec.path, spec.config, "cpu", tp)
+    tp = make_group(setup, store_port, rank, size)
+    worker = ModelWorker.for_engine(setup.path, setup.config, "cpu", tp)
     conn.send_bytes(pickle.dumps(("ready", worker.num_blocks)))
     log.info("tensor-parallel rank ready", rank=rank, size=size, load_s=round(worker.load_s, 2))
     with torch.inference_mode():

@@ -3,6 +3,7 @@
 import math
 from dataclasses import dataclass, field
 
+from ssd.config import DecodeMode, parse_enum
 from ssd.errors import InvalidRequestError
 from ssd.sampling.grammar import Grammar
 from ssd.sampling.logprobs import MAX_TOP_LOGPROBS
@@ -18,8 +19,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # finish when one is generated
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
     draft_temperature: float | None = None  # speculation: the draft's sampling temperature; None = temperature
-    speculate: bool = True  # False: plain decoding for this request even when the engine speculates
-    ssd: bool = False  # ask a remote draft to answer from its SSD speculation cache (in-process: the engine's config)
+    # None: as the engine's config says. AR: plain decoding even when the engine speculates. SD / SSD: speculate,
+    # asking a remote draft for that mode (in one process the engine's config decides between the two).
+    mode: DecodeMode | None = None
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (scored at prefill)
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]
@@ -30,7 +32,14 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and the stop token ids cannot end the answer before it holds this many tokens
     grammar: Grammar | None = None  # structured output: the answer follows this JSON schema or regex, then EOS
 
+    @property
+    def is_speculative(self) -> bool:
+        """Whether this request takes part in speculation rounds (when the engine speculates at all)."""
+        return self.mode is not DecodeMode.AR
+
     def __post_init__(self) -> None:
+        if self.mode is not None:
+            object.__setattr__(self, "mode", parse_enum(DecodeMode, self.mode, "mode"))
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
             raise InvalidRequestError(f"temperature must be a number, got {self.temperature!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:

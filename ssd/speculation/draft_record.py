@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ssd.config import DecodeMode
 from ssd.sampling.grammar import AnswerGrammar, GrammarState
 from ssd.speculation.draft_vocab import DraftVocab
 from ssd.speculation.feature_log import FeatureLog
@@ -27,7 +28,7 @@ class DraftRecord:
     temperature: float  # draft sampling temperature
     generator: torch.Generator  # the draft's own random stream for this sequence
     features: FeatureLog = field(default_factory=FeatureLog)  # target features arrived, not yet proposed from
-    is_ssd: bool = False  # answered from the SSD speculation cache
+    mode: DecodeMode = DecodeMode.SD  # SSD: answered from the speculation cache
     grammar: GrammarState | None = None  # structured output: the draft's matcher of the sequence's grammar
     answer_start: int = 0  # where the answer starts in token_ids (the grammar follows the tokens from there)
     is_released: bool = False  # its owner let it go: a build still queued for it skips it

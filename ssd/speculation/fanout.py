@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ssd.config import FAN_OUT_KINDS
+from ssd.config import FanOut
 from ssd.errors import InvalidRequestError
 
 MAX_RANK = 64  # bonus-token ranks at or beyond this count as "never in a fan-out"
@@ -44,12 +44,10 @@ def uniform_fan_out(k: int, budget: int) -> tuple[int, ...]:
     return _round_to_budget([1.0] * (k + 1), budget)
 
 
-def fan_out_shape(kind: str, a: float, r: float, k: int, budget: int) -> tuple[int, ...]:
-    if kind == "geometric":
-        return geometric_fan_out(a, r, k, budget)
-    if kind == "uniform":
+def fan_out_shape(kind: FanOut, a: float, r: float, k: int, budget: int) -> tuple[int, ...]:
+    if kind is FanOut.UNIFORM:
         return uniform_fan_out(k, budget)
-    raise InvalidRequestError(f"fan-out must be one of {FAN_OUT_KINDS}, got {kind!r}")
+    return geometric_fan_out(a, r, k, budget)
 
 
 def spend_spare(shape: tuple[int, ...], available: list[int], weights: list[float],

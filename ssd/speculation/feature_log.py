@@ -1,6 +1,6 @@
 """A sequence's target features on their way to the proposer: the one merge routine for EAGLE-3 features.
 
-Both sides keep one per sequence: the engine (ssd/engine/spec_decode.py) between the forward that computed the
+Both sides keep one per sequence: the engine (ssd/engine/speculative_decoder.py) between the forward that computed the
 features and the next propose, and the draft's record of the sequence (ssd/speculation/draft_record.py) between
 the message that carried them and the next propose. Rows of later positions overwrite those of dropped tokens; a gap after the covered
 positions is never filled (the proposer needs every position's features, in order).

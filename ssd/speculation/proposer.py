@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from ssd.config import TreeShape
+from ssd.config import DecodeMode, TreeShape
 from ssd.sampling.grammar import AnswerGrammar
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.saguaro import SaguaroScale
@@ -30,7 +30,7 @@ class ProposeRequest:
     features: torch.Tensor | None = None
     features_start: int = 0  # the position of the first row of `features`
     saguaro: SaguaroScale | None = None  # SSD: scale the draft's top probabilities before sampling (and in q)
-    ssd: bool = False  # the request's mode is SSD (a remote draft answers it from its speculation cache)
+    mode: DecodeMode = DecodeMode.SD  # SD or SSD (a remote draft answers SSD from its speculation cache)
     grammar: AnswerGrammar | None = None  # structured output: propose only what the grammar allows (speed only)
     num_cached_tokens: int = 0  # leading prompt tokens the target's prefix cache served (whole blocks)
 

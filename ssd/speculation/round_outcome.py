@@ -1,6 +1,6 @@
 """What one round committed for one sequence, as the verifier counted it: handed to the proposer by `observe`.
 
-Made once per round per live sequence (ssd/engine/spec_decode.py), never re-derived: the target service copies it
+Made once per round per live sequence (ssd/engine/speculative_decoder.py), never re-derived: the target service copies it
 onto the draft session's Outcome message. Proposers roll back by its length; SSD keys its cache on (k, bonus).
 """
 

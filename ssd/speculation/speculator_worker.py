@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 import torch
 
+from ssd.config import DecodeMode
 from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
@@ -104,7 +105,7 @@ class OverlappedSpeculator:
         record = self.records.get(r.seq_id)
         if record is None:
             record = self.records[r.seq_id] = DraftRecord(r.seq_id, [], r.temperature, draft_generator(r.generator),
-                                                           is_ssd=True)
+                                                           mode=DecodeMode.SSD)
         record.token_ids = list(r.token_ids)
         if r.grammar is not None:
             record.grammar = record.grammar or r.grammar.state.copy()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ssd.config import SsdConfig
+from ssd.config import Backup, SsdConfig
 from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.speculation.draft_record import CachedSpeculation, DraftRecord
@@ -168,14 +168,14 @@ class SsdSpeculator:
         if config.saguaro_c < 1.0:  # sample the backup Saguaro-style too, for the miss shape it will be built with
             tops = tuple(f + 1 for f in self.shape(False, max(r.num_tokens for r in requests), config))
             requests = [replace(r, saguaro=SaguaroScale(config.saguaro_c, tops)) for r in requests]
-        proposer = self.neural if kind == "neural" else self.fast
-        if kind == "neural":
+        proposer = self.neural if kind is Backup.NEURAL else self.fast
+        if kind is Backup.NEURAL:
             self.counters.num_neural_backups += len(misses)
         else:
             self.counters.num_fast_backups += len(misses)
         for (r, state), spec in zip(misses, proposer.propose(requests), strict=True):
             out[r.seq_id] = Speculation(spec.tokens, None, spec.q, cache_hit=False, predicted_hit=state.predicted_hit)
-        return {r.seq_id for r, _ in misses} if kind == "neural" else set()
+        return {r.seq_id for r, _ in misses} if kind is Backup.NEURAL else set()
 
     # -- building ---------------------------------------------------------------------------------
     def shape(self, after_hit: bool, k: int, config: SsdConfig | None = None) -> tuple[int, ...]:

@@ -60,8 +60,8 @@ def test_greedy_ar_on_cuda_equals_cpu(folders, cuda_ar):
 def test_greedy_sd_on_cuda_equals_ar(folders, cuda_ar, draft, tree):
     llm = _llm(folders, "cuda", draft, tree=tree)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == cuda_ar
-    assert llm.engine.spec.counters.num_drafts > 0
-    proposer = llm.engine.spec.proposer
+    assert llm.engine.speculative_decoder.counters.num_drafts > 0
+    proposer = llm.engine.speculative_decoder.proposer
     model = proposer.head if draft == "eagle3" else proposer.worker.model
     assert next(model.parameters()).device.type == "cuda"
 
@@ -71,7 +71,7 @@ def test_greedy_sd_on_cuda_equals_ar(folders, cuda_ar, draft, tree):
 def test_greedy_ssd_on_cuda_equals_ar(folders, cuda_ar, draft):
     llm = _llm(folders, "cuda", draft, ssd=SsdConfig())
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == cuda_ar
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert counters.num_drafts > 0
     if draft == "self":  # a perfect draft: its own argmax bonus is always cached
         assert counters.num_cache_hits > 0
@@ -95,7 +95,7 @@ def test_logits_come_back_on_cpu_and_features_stay_on_the_gpu(folders):
     llm = _llm(folders, "cuda", "eagle3")
     runner = llm.engine.runner
     out = runner.forward([ForwardItem([5, 6, 7, 8, 9], 0, [0, 1], num_logits=2)], ForwardMode.PREFILL,
-                         aux_layers=llm.engine.spec.feature_layers)
+                         aux_layers=llm.engine.speculative_decoder.feature_layers)
     assert out.logits.device.type == "cpu" and out.logits.dtype == torch.float32 and out.logits.shape == (2, 96)
     assert out.aux_hidden is not None and out.aux_hidden.device == runner.device
     assert runner.device.type == "cuda" and out.aux_hidden.shape == (5, 3 * 64)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import DecodeMode, SpeculationConfig, SsdConfig, TreeShape
 from ssd.context import ForwardMode
 from ssd.distributed import WHOLE, TensorParallel, current_tp, divide, tensor_parallel
 from ssd.errors import EngineDeadError, InvalidRequestError
@@ -89,7 +89,7 @@ def test_ssd_on_a_sharded_target_equals_ar(folders, whole):
     llama, _, draft_model, _ = folders
     spec = SpeculationConfig(draft=str(draft_model), num_speculative_tokens=3, ssd=SsdConfig(fan_out_budget=4))
     llm = LLM(str(llama), tensor_parallel_size=2, speculation=spec, **OPTS)
-    assert _generate(llm, SamplingParams(max_tokens=24, ignore_eos=True, ssd=True)) == whole
+    assert _generate(llm, SamplingParams(max_tokens=24, ignore_eos=True, mode=DecodeMode.SSD)) == whole
 
 
 def test_seeded_sampling_matches_the_whole_model(folders):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from protos.ssd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from rpc.logging import configure_service_logging
-from rpc.server import GrpcServer, ServiceSpec
+from rpc.server import GrpcServer, HostedService
 from target_service.tokenizer_files import read_tokenizer_files
 
 VOCAB_SIZE = 49152  # the default model's
@@ -76,8 +76,8 @@ def main() -> None:
 
 
 async def serve(address: str, verifier: FakeVerifier) -> None:
-    spec = ServiceSpec("ssd.v1.Verifier", verifier, target_pb2_grpc.add_VerifierServicer_to_server)
-    await GrpcServer([spec], address, {}).run()
+    service = HostedService("ssd.v1.Verifier", verifier, target_pb2_grpc.add_VerifierServicer_to_server)
+    await GrpcServer([service], address, {}).run()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from protos.ssd.v1 import common_pb2, draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
-from rpc.server import GrpcServer, ServiceSpec
+from rpc.server import GrpcServer, HostedService
 from rpc.shared_memory import live_segments
 from ssd.speculation.proposer import ProposeRequest
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
@@ -42,8 +42,8 @@ def draft_address(tmp_path_factory):
     servicer = SpeculatorServicer(draft, str(head))
 
     async def start() -> GrpcServer:
-        spec = ServiceSpec("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
-        server = GrpcServer([spec], address, ENGINE_STATUS, grace_s=0.5)
+        service = HostedService("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
+        server = GrpcServer([service], address, ENGINE_STATUS, grace_s=0.5)
         await server.start()
         return server
 

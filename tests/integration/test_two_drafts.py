@@ -21,7 +21,7 @@ from draft_service.servicer import SpeculatorServicer
 from draft_service.session import Session
 from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
-from rpc.server import GrpcServer, ServiceSpec
+from rpc.server import GrpcServer, HostedService
 from ssd.model_store import DEFAULT_DRAFT
 from ssd.speculation.proposer import ProposeRequest
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
@@ -45,8 +45,8 @@ class DraftServer:
         self.is_stopped = False
 
     async def _start(self) -> GrpcServer:  # on the loop: a grpc.aio server belongs to the loop it is made on
-        spec = ServiceSpec("ssd.v1.Speculator", self.servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
-        server = GrpcServer([spec], self.address, ENGINE_STATUS, grace_s=0.1)
+        service = HostedService("ssd.v1.Speculator", self.servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
+        server = GrpcServer([service], self.address, ENGINE_STATUS, grace_s=0.1)
         await server.start()
         return server
 

@@ -59,7 +59,7 @@ def test_greedy_speculation_equals_ar_with_a_quantized_target(models, expected, 
             "ssd": SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())}[which]
     llm = _llm(target, quantization, spec)
     assert _greedy(llm, batch) == expected[quantization]
-    assert llm.engine.spec.counters.num_drafts > 0
+    assert llm.engine.speculative_decoder.counters.num_drafts > 0
 
 
 def test_auto_uses_the_checkpoints_own_int4_cache(models, tmp_path):

@@ -42,7 +42,7 @@ def test_speculative_sampling_matches_the_quantized_target(setup, quantization):
               speculation=spec, quantization=quantization)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]
     samples = [tuple(o.token_ids) for o in llm.generate([PROMPT] * NUM_RUNS, params)]
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
     assert chi_square_pvalue(samples, joint_distribution(_dequantized_copy(hf, quantization), PROMPT, TEMP)) > 0.001
     if quantization == "int4":  # int8's error is too small for 20,000 samples to tell the float model apart

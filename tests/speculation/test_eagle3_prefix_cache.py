@@ -29,7 +29,7 @@ def _llm(folders, is_prefix_caching: bool, tree: TreeShape | None = None) -> LLM
 def _record_features(llm: LLM) -> dict[int, list[tuple[int, torch.Tensor]]]:
     """Wrap the proposer so every (features_start, features) it receives is kept, per sequence."""
     log: dict[int, list[tuple[int, torch.Tensor]]] = {}
-    proposer = llm.engine.spec.proposer
+    proposer = llm.engine.speculative_decoder.proposer
     propose = proposer.propose
 
     def recording(requests):  # noqa: ANN001, ANN202
@@ -70,7 +70,7 @@ def test_prefix_hits_keep_eagle3_greedy_output_and_features(folders, tree):
     for seq_cached, seq_uncached in zip(sorted(logs[0]), sorted(logs[1]), strict=True):
         torch.testing.assert_close(_feature_log(logs[0][seq_cached]), _feature_log(logs[1][seq_uncached]),
                                    rtol=1e-4, atol=1e-4)
-    drafted = [llm.engine.spec.counters for llm in (cached, uncached)]
+    drafted = [llm.engine.speculative_decoder.counters for llm in (cached, uncached)]
     assert drafted[0].num_accepted_tokens == drafted[1].num_accepted_tokens  # the head drafted the same tokens
 
 

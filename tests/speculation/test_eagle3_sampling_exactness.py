@@ -43,7 +43,7 @@ def sample_first_tokens(setup, tree: TreeShape | None, ssd: SsdConfig | None) ->
               speculation=spec)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]
     outs = llm.generate([PROMPT] * NUM_RUNS, params)
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
     if ssd is not None:
         assert counters.num_cache_hits > 500 and counters.num_cache_misses > 1000  # both paths well exercised

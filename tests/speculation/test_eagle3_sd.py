@@ -62,7 +62,7 @@ def test_eagle3_sd_greedy_equals_ar(folders, tree, batch):
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     outs = [llm.generate([p], PARAMS)[0] for p in PROMPTS] if batch == 1 else llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == expected
-    assert llm.engine.spec.counters.num_drafts > 0
+    assert llm.engine.speculative_decoder.counters.num_drafts > 0
 
 
 def test_eagle3_missing_and_misshaped_keys_are_named(folders, tmp_path):
@@ -85,7 +85,7 @@ def test_eagle3_sd_runs_in_bfloat16(folders):
     llm = LLM(str(target), dtype="bfloat16", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     out = llm.generate([PROMPTS[0]], PARAMS)[0]
     assert len(out.token_ids) == PARAMS.max_tokens
-    assert llm.engine.spec.counters.num_draft_tokens > 0
+    assert llm.engine.speculative_decoder.counters.num_draft_tokens > 0
 
 
 def test_features_with_a_gap_are_refused(folders):

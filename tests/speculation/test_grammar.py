@@ -105,7 +105,7 @@ def test_greedy_speculation_with_a_grammar_equals_plain(letters, shape):
                                          ssd=spec_config.SsdConfig() if shape == "ssd" else None)
     llm = _llm(letters, spec)
     assert [o.token_ids for o in llm.generate(prompts, params)] == plain
-    assert llm.engine.spec.counters.num_accepted_tokens > 0
+    assert llm.engine.speculative_decoder.counters.num_accepted_tokens > 0
     mixed = [params, SamplingParams(max_tokens=24), params]  # one batch: free text beside grammars
     assert [o.token_ids for o in llm.generate(prompts, mixed)] == [plain[0], free[1], plain[2]]
 
@@ -152,9 +152,9 @@ def test_a_tree_is_held_to_the_grammar_with_its_forced_tokens_spliced_in(letters
 
 @pytest.mark.parametrize("shape", ["chain", "tree", "ssd"])
 def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkeypatch, shape):
-    from ssd.engine import spec_decode
+    from ssd.engine import speculative_decoder
 
-    monkeypatch.setattr(spec_decode, "AnswerGrammar", lambda *_: None)  # a draft blind to the grammar
+    monkeypatch.setattr(speculative_decoder, "AnswerGrammar", lambda *_: None)  # a draft blind to the grammar
     params = SamplingParams(max_tokens=24, grammar=Grammar("regex", "[a-n]{2,4}(cdefghij|klm)[a-n]{2,4}"))
     prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
     plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
@@ -163,10 +163,10 @@ def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkey
                                          ssd=spec_config.SsdConfig() if shape == "ssd" else None)
     spliced = _llm(letters, spec)
     assert [o.token_ids for o in spliced.generate(prompts, params)] == plain
-    monkeypatch.setattr(spec_decode.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
+    monkeypatch.setattr(speculative_decoder.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
     unspliced = _llm(letters, spec)
     assert [o.token_ids for o in unspliced.generate(prompts, params)] == plain
-    done, undone = spliced.engine.spec.counters, unspliced.engine.spec.counters
+    done, undone = spliced.engine.speculative_decoder.counters, unspliced.engine.speculative_decoder.counters
     assert done.num_drafts < undone.num_drafts and done.num_accepted_tokens > undone.num_accepted_tokens
 
 
@@ -194,7 +194,8 @@ def _samples(letters, spec) -> list[tuple]:  # type: ignore[no-untyped-def]
     grammar = Grammar("regex", REGEX)
     params = [SamplingParams(temperature=TEMP, max_tokens=8, seed=i, grammar=grammar) for i in range(NUM_RUNS)]
     outs = llm.generate([PROMPT] * NUM_RUNS, params)
-    assert 0 < llm.engine.spec.counters.num_accepted_tokens < llm.engine.spec.counters.num_draft_tokens
+    counters = llm.engine.speculative_decoder.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
     return [tuple(o.token_ids) for o in outs]
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ssd import config as spec_config
 from ssd.config import TreeShape
-from ssd.engine import spec_decode
+from ssd.engine import speculative_decoder
 from ssd.sampling.grammar import AnswerGrammar, Grammar, GrammarCompiler
 from ssd.sampling.params import SamplingParams
 from tests.letter_models import EOS
@@ -61,7 +61,7 @@ def test_constrain_bans_per_path_and_a_row_with_nothing_allowed_becomes_uniform_
 def test_the_draft_proposes_only_allowed_tokens_and_greedy_output_is_plain(letters, head, monkeypatch, shape, draft):
     plain = [o.token_ids for o in _llm(letters).generate(PROMPTS, PARAMS)]
     llm = _llm(letters, _spec(letters[1] if draft == "model" else head, shape))
-    proposer = llm.engine.spec.proposer
+    proposer = llm.engine.speculative_decoder.proposer
     real, seen = proposer.propose, []
 
     def checked(requests):  # noqa: ANN001, ANN202
@@ -72,20 +72,20 @@ def test_the_draft_proposes_only_allowed_tokens_and_greedy_output_is_plain(lette
     monkeypatch.setattr(proposer, "propose", checked)
     assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == plain
     assert seen and not any(seen)
-    assert llm.engine.spec.counters.num_accepted_tokens > 0
+    assert llm.engine.speculative_decoder.counters.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree", "ssd"])
 def test_a_draft_that_sees_the_grammar_needs_fewer_rounds(letters, monkeypatch, shape):
     """Splicing off, to see the draft alone: the blind draft guesses banned tokens and misses forced ones."""
-    monkeypatch.setattr(spec_decode.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
+    monkeypatch.setattr(speculative_decoder.SpeculativeDecoder, "_with_forced_tokens", lambda self, seq, s, k: s)
     plain = [o.token_ids for o in _llm(letters).generate(PROMPTS, PARAMS)]
     seeing = _llm(letters, _spec(letters[1], shape))
     assert [o.token_ids for o in seeing.generate(PROMPTS, PARAMS)] == plain
-    monkeypatch.setattr(spec_decode, "AnswerGrammar", lambda *_: None)
+    monkeypatch.setattr(speculative_decoder, "AnswerGrammar", lambda *_: None)
     blind = _llm(letters, _spec(letters[1], shape))
     assert [o.token_ids for o in blind.generate(PROMPTS, PARAMS)] == plain
-    assert seeing.engine.spec.counters.num_drafts < blind.engine.spec.counters.num_drafts
+    assert seeing.engine.speculative_decoder.counters.num_drafts < blind.engine.speculative_decoder.counters.num_drafts
 
 
 def test_ssd_sampling_with_a_grammar_matches_the_masked_target(letters):
@@ -106,7 +106,7 @@ def test_splicing_keeps_an_ssd_cache_hit_a_hit(letters):
     state = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})).compile(Grammar("regex", "abc[d-f]"))
     a, b, c, d = 2, 3, 4, 5
     spec = Speculation([a, d, c], cache_hit=True, predicted_hit=0.5)
-    out = spec_decode.SpeculativeDecoder._with_forced_tokens(None, SimpleNamespace(grammar=state, output_token_ids=[]),
+    out = speculative_decoder.SpeculativeDecoder._with_forced_tokens(None, SimpleNamespace(grammar=state, output_token_ids=[]),
                                                              spec, 3)
     assert out.tokens == [a, b, c] and out.cache_hit and out.predicted_hit == 0.5
 

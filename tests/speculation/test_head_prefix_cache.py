@@ -22,14 +22,14 @@ def _llm(folders, head_cache: bool) -> LLM:
     spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     if not head_cache:
-        llm.engine.spec.proposer.prefix_cache = None
+        llm.engine.speculative_decoder.proposer.prefix_cache = None
     return llm
 
 
 def _turns(llm: LLM) -> tuple[list[list[int]], list[int]]:
     """Two chat turns (the second extends the first and its answer): their tokens, and the head positions each
     computed."""
-    proposer = llm.engine.spec.proposer
+    proposer = llm.engine.speculative_decoder.proposer
     outputs, computed = [], []
     for prompt in (TURNS[0], None):
         before = proposer.num_head_positions

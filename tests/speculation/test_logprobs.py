@@ -43,7 +43,7 @@ def test_speculative_logprobs_equal_plain_ones(models, shape):
                              ssd=SsdConfig() if shape == "ssd" else None)
     llm = _llm(models, spec)
     outs = llm.generate(PROMPTS, params)
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert counters.num_accepted_tokens > counters.num_drafts  # tokens at depth > 1 came from accepted drafts
     for a, b in zip(plain, outs, strict=True):
         assert a.token_ids == b.token_ids

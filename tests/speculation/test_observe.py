@@ -7,7 +7,7 @@ import torch
 
 from draft_service.session import Session
 from protos.ssd.v1 import draft_pb2
-from ssd.engine import spec_decode
+from ssd.engine import speculative_decoder
 from ssd.errors import UnknownSequenceError
 from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.ngram import NgramProposer
@@ -29,9 +29,9 @@ def test_a_grammar_splice_counts_as_accepted_and_greedy_output_is_plain(letters,
     """A draft blind to the grammar misses its forced runs; the target splices them in and the verifier counts
     them in k, so the outcome's k covers them and its own count stops at the first one."""
     plain = [o.token_ids for o in _llm(letters).generate(PROMPTS, PARAMS)]
-    monkeypatch.setattr(spec_decode, "AnswerGrammar", lambda *_: None)  # the draft does not see the grammar
+    monkeypatch.setattr(speculative_decoder, "AnswerGrammar", lambda *_: None)  # the draft does not see the grammar
     llm = _llm(letters, _spec(letters[1], "chain"))
-    proposer, seen = llm.engine.spec.proposer, []
+    proposer, seen = llm.engine.speculative_decoder.proposer, []
     real = proposer.observe
 
     def recording(seq_id: int, outcome: RoundOutcome) -> None:

@@ -30,8 +30,9 @@ def sample_first_tokens(target, spec: SpeculationConfig, draft_temperature: floa
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True,
                              draft_temperature=draft_temperature, **(penalties or {})) for i in range(NUM_RUNS)]
     outs = llm.generate([PROMPT] * NUM_RUNS, params)
-    assert llm.engine.spec.counters.num_drafts > 0
-    assert 0 < llm.engine.spec.counters.num_accepted_tokens < llm.engine.spec.counters.num_draft_tokens
+    assert llm.engine.speculative_decoder.counters.num_drafts > 0
+    counters = llm.engine.speculative_decoder.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
     return [tuple(o.token_ids) for o in outs]
 
 

@@ -46,7 +46,7 @@ def test_sd_greedy_equals_ar(models, expected, which, tree, batch):
     else:
         outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == expected
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert counters.num_drafts > 0
     if which == "self" and tree is None:  # a perfect draft: everything proposed is accepted
         assert counters.num_accepted_tokens == counters.num_draft_tokens > 0

@@ -31,7 +31,7 @@ def test_ssd_greedy_equals_ar(models, which, ssd, batch):
     llm = _llm(models, which, ssd)
     outs = [llm.generate([p], PARAMS)[0] for p in PROMPTS] if batch == 1 else llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == models[1]
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert counters.num_cache_misses >= len(PROMPTS)  # every sequence's first round misses
     if which == "self":  # a perfect draft: all accepted, and the bonus (its own argmax) is always cached
         assert counters.num_accepted_tokens == counters.num_draft_tokens
@@ -44,9 +44,9 @@ def test_ssd_greedy_equals_ar(models, which, ssd, batch):
 def test_ssd_counters_and_draft_timings(models):
     llm = _llm(models, "self", SsdConfig())
     llm.generate(PROMPTS, PARAMS)
-    draft = llm.engine.spec.proposer.counters.as_dict()
+    draft = llm.engine.speculative_decoder.proposer.counters.as_dict()
     assert draft["cache_hits"] > 0 and draft["mean_build_ms"] > 0
     assert 0 < draft["predicted_hit_rate"] <= 1
-    target = llm.engine.spec.counters.ssd_dict()
+    target = llm.engine.speculative_decoder.counters.ssd_dict()
     assert target["tokens_per_round_hit"] == 4.0  # K=3 all accepted + bonus
     assert target["cache_hit_rate"] == draft["cache_hit_rate"]

@@ -5,7 +5,7 @@ accepted ~1.15 tokens per round where SD accepted ~1.6-1.9.)"""
 
 import torch
 
-from ssd.config import SsdConfig
+from ssd.config import DecodeMode, SsdConfig
 from ssd.model_config import load_model_config
 from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
@@ -29,7 +29,7 @@ def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
     torch.manual_seed(0)
     tokens = {1: [5, 6, 7, 8, 9], 2: [20, 21, 22, 23]}
     features = {i: torch.randn(len(t) - 1, 3 * tc.hidden_size) for i, t in tokens.items()}  # [P-1, 3d] each
-    records = [DraftRecord(i, tokens[i], 0.0, torch.Generator(), is_ssd=True) for i in tokens]
+    records = [DraftRecord(i, tokens[i], 0.0, torch.Generator(), mode=DecodeMode.SSD) for i in tokens]
 
     def requests(starts: dict[int, int]) -> list[ProposeRequest]:
         return [ProposeRequest(i, list(tokens[i]), K, 0.0, torch.Generator(), None, features[i][s:], s)

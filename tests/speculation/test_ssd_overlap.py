@@ -31,7 +31,7 @@ def _ssd_llm(target, draft) -> LLM:  # noqa: ANN001
 def test_build_runs_while_the_target_verifies(models, which):
     target, draft, head = models
     llm = _ssd_llm(target, draft if which == "draft_model" else head)
-    proposer = llm.engine.spec.proposer
+    proposer = llm.engine.speculative_decoder.proposer
     assert isinstance(proposer, OverlappedSpeculator)
     verify_windows: list[tuple[float, float]] = []
     forward = llm.engine.runner.forward
@@ -61,7 +61,7 @@ def test_overlapped_greedy_equals_ar_in_a_batch(models):
     expected = [ar.generate([p], PARAMS)[0].token_ids for p in PROMPTS]
     llm = _ssd_llm(target, draft)
     assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == expected
-    assert llm.engine.spec.counters.num_cache_hits > 0
+    assert llm.engine.speculative_decoder.counters.num_cache_hits > 0
 
 
 def test_worker_runs_calls_in_order_on_one_thread():

@@ -4,7 +4,7 @@ drafter kept glue hidden states of released sequences: the draft service's RSS c
 
 import torch
 
-from ssd.config import SsdConfig
+from ssd.config import DecodeMode, SsdConfig
 from ssd.model_config import load_model_config
 from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
@@ -63,7 +63,7 @@ def test_release_frees_everything_keyed_by_the_sequence(tmp_path):
     tokens = {1: [5, 6, 7, 8, 9], 2: [20, 21, 22, 23]}
     requests = [ProposeRequest(i, t, 3, 0.7, torch.Generator().manual_seed(i), None,
                                torch.randn(len(t) - 1, 3 * tc.hidden_size), 0) for i, t in tokens.items()]
-    records = {i: DraftRecord(i, t, 0.7, torch.Generator().manual_seed(i), is_ssd=True) for i, t in tokens.items()}
+    records = {i: DraftRecord(i, t, 0.7, torch.Generator().manual_seed(i), mode=DecodeMode.SSD) for i, t in tokens.items()}
     _, job = ssd.answer(requests, list(records.values()))
     ssd.build(job)
     assert set(drafter.glue_hidden) == {1, 2}  # glue rows of sequences that forked no branch stay until released

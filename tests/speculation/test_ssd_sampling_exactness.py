@@ -37,7 +37,7 @@ def sample_first_tokens(setup, ssd: SsdConfig) -> list[tuple]:
               speculation=spec)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]
     outs = llm.generate([PROMPT] * NUM_RUNS, params)
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert counters.num_cache_hits > 500 and counters.num_cache_misses > 1000  # both paths well exercised
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
     return [tuple(o.token_ids) for o in outs]

@@ -56,7 +56,7 @@ def test_series_follow_the_engine(tiny_llama) -> None:
         busy = scrape(engine_loop)
     finally:
         loop.close()
-    counters = llm.engine.spec.counters
+    counters = llm.engine.speculative_decoder.counters
     assert busy["vllm:prefix_cache_queries"][1] == {(): 2 * len(prompt)}
     assert busy["vllm:prefix_cache_hits"][1] == {(): 16}
     assert busy["vllm:spec_decode_num_drafts"][1] == {(): counters.num_drafts} and counters.num_drafts > 0

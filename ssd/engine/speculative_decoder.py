@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from ssd.config import SpeculationConfig
+from ssd.config import DecodeMode, SpeculationConfig
 from ssd.context import ForwardMode
 from ssd.engine.sequence import Sequence
 from ssd.kv.block_manager import BlockManager
@@ -69,50 +69,50 @@ class SpeculativeDecoder:
         start, features = seq.features.take()
         grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
-                              features, start, ssd=p.ssd, grammar=grammar,
+                              features, start, mode=p.mode or DecodeMode.SD, grammar=grammar,
                               num_cached_tokens=seq.num_prefix_cached_tokens)
 
-    def _item(self, seq: Sequence, spec: Speculation) -> ForwardItem:
+    def _item(self, seq: Sequence, speculation: Speculation) -> ForwardItem:
         start = seq.num_cached_tokens  # the last committed token's position: the root
-        tokens = [seq.token_ids[-1], *spec.tokens]
+        tokens = [seq.token_ids[-1], *speculation.tokens]
         self.block_manager.ensure_capacity(seq, start + len(tokens))
-        if not spec.is_tree:
+        if not speculation.is_tree:
             return ForwardItem(tokens, start, seq.block_table, num_logits=len(tokens))
         mask = torch.ones(len(tokens), start + len(tokens), dtype=torch.bool)
-        mask[:, start:] = spec.ancestor_mask()
-        positions = [start, *(start + d for d in spec.depths())]
+        mask[:, start:] = speculation.ancestor_mask()
+        positions = [start, *(start + d for d in speculation.depths())]
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
     def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
         """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
         the logprobs of those tokens for the sequences that asked (None for the others)."""
         started = time.perf_counter()
-        asking = [s for s in seqs if s.params.speculate]  # the others take a plain decode step in the same forward
+        asking = [s for s in seqs if s.params.is_speculative]  # the others take a plain decode step in the same forward
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
                             strict=True)) if asking else {}
-        specs = [self._with_forced_tokens(s, proposed[s.seq_id], k) if s.seq_id in proposed else Speculation([])
+        speculations = [self._with_forced_tokens(s, proposed[s.seq_id], k) if s.seq_id in proposed else Speculation([])
                  for s in seqs]
-        items = [self._item(s, spec) for s, spec in zip(seqs, specs, strict=True)]
+        items = [self._item(s, speculation) for s, speculation in zip(seqs, speculations, strict=True)]
         mode = ForwardMode.TREE if self.config.tree is not None else ForwardMode.VERIFY
         proposed_at = time.perf_counter()
         out = self.runner.forward(items, mode, self.feature_layers)
         self.counters.record_round_time(proposed_at - started, time.perf_counter() - proposed_at)
         results, logprobs, offset = [], [], 0
-        for seq, spec, item in zip(seqs, specs, items, strict=True):
+        for seq, speculation, item in zip(seqs, speculations, items, strict=True):
             n = len(item.token_ids)
             logits = out.logits[offset : offset + n]  # [n, V]: root, then each node
-            outcome = self._verify(seq, spec, logits)
+            outcome = self._verify(seq, speculation, logits)
             self._keep_path(seq, item, outcome)
             if out.aux_hidden is not None:  # features of the committed positions: root + accepted path
                 rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)],
                                     device=out.aux_hidden.device)
                 self.add_features(seq, item.start_position, out.aux_hidden[rows])
-            if seq.params.speculate:
+            if seq.params.is_speculative:
                 for counters in (self.counters, seq.spec_counters):
-                    counters.record(spec.num_tokens, outcome.num_accepted, len(outcome.tokens), spec.cache_hit,
-                                    spec.predicted_hit)
+                    counters.record(speculation.num_tokens, outcome.num_accepted, len(outcome.tokens),
+                                    speculation.cache_hit, speculation.predicted_hit)
             k_seen = outcome.num_accepted if seq.seq_id in proposed else NO_SPECULATION  # splices included
-            results.append(RoundOutcome(seq.seq_id, seq.num_tokens, outcome.tokens, k_seen, spec.num_own))
+            results.append(RoundOutcome(seq.seq_id, seq.num_tokens, outcome.tokens, k_seen, speculation.num_own))
             if seq.params.logprobs is None:
                 logprobs.append(None)
             else:  # token i was drawn at its parent: the root, then each accepted node
@@ -121,39 +121,40 @@ class SpeculativeDecoder:
             offset += n
         return results, logprobs
 
-    def _with_forced_tokens(self, seq: Sequence, spec: Speculation, k: int) -> Speculation:
+    def _with_forced_tokens(self, seq: Sequence, speculation: Speculation, k: int) -> Speculation:
         """Structured output: splice the grammar's forced tokens into the speculation, wherever they fall (a
         spliced token is always accepted; in a chain its q row is one-hot). `num_own` marks where the proposer's own
         tokens end (SSD: an outcome past it is a miss on the draft)."""
         if seq.grammar is None:
-            return spec
-        if spec.is_tree:
-            tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, spec.tokens, spec.parent_list(),
+            return speculation
+        if speculation.is_tree:
+            drafted = (speculation.tokens, speculation.parent_list())
+            tokens, parents = seq.grammar.forced_tree(seq.output_token_ids, *drafted,
                                                       self.lookahead_slots)  # the KV slots reserved for the round
-            own = None if (tokens, parents) == (spec.tokens, spec.parent_list()) else 0  # nodes renumbered
-            return dataclasses.replace(spec, tokens=tokens, parents=parents, q=None, num_own=own)
-        chain = seq.grammar.forced_chain(seq.output_token_ids, spec.tokens, k)
-        if [t for t, _ in chain] == spec.tokens:
-            return spec
+            own = None if (tokens, parents) == drafted else 0  # nodes renumbered
+            return dataclasses.replace(speculation, tokens=tokens, parents=parents, q=None, num_own=own)
+        chain = seq.grammar.forced_chain(seq.output_token_ids, speculation.tokens, k)
+        if [t for t, _ in chain] == speculation.tokens:
+            return speculation
         num_own = next((i for i, (_, own) in enumerate(chain) if not own), len(chain))
         q = None
-        if spec.q is not None:  # [n, V]: the draft's own rows, one-hot rows for spliced tokens
-            q = torch.zeros(len(chain), spec.q.shape[1], dtype=spec.q.dtype)
+        if speculation.q is not None:  # [n, V]: the draft's own rows, one-hot rows for spliced tokens
+            q = torch.zeros(len(chain), speculation.q.shape[1], dtype=speculation.q.dtype)
             for i, (token, own) in enumerate(chain):
                 if own:
-                    q[i] = spec.q[i]
+                    q[i] = speculation.q[i]
                 else:
                     q[i, token] = 1.0
-        return dataclasses.replace(spec, tokens=[t for t, _ in chain], q=q, num_own=num_own)  # a hit stays one
+        return dataclasses.replace(speculation, tokens=[t for t, _ in chain], q=q, num_own=num_own)  # a hit stays one
 
-    def _verify(self, seq: Sequence, spec: Speculation, logits: torch.Tensor) -> Outcome:
+    def _verify(self, seq: Sequence, speculation: Speculation, logits: torch.Tensor) -> Outcome:
         """logits [n, V] and q on CPU (proposers and the remote draft hand q over there): CPU generator draws."""
         if has_adjustments(seq.params):  # each row as the answer would stand at that node
-            logits = adjust_logits(logits, seq.output_token_ids, spec.paths(), seq.params, seq.prompt_token_ids,
+            logits = adjust_logits(logits, seq.output_token_ids, speculation.paths(), seq.params, seq.prompt_token_ids,
                                    seq.ending_ids, seq.grammar)
         if seq.params.is_greedy:
-            return verify_greedy(spec, logits.argmax(dim=-1).tolist())
-        return verify_sampled(spec, target_probs(logits, seq.params), seq.generator)
+            return verify_greedy(speculation, logits.argmax(dim=-1).tolist())
+        return verify_sampled(speculation, target_probs(logits, seq.params), seq.generator)
 
     def _keep_path(self, seq: Sequence, item: ForwardItem, outcome: Outcome) -> None:
         """Move the accepted tree path's KV to consecutive positions after the root."""
