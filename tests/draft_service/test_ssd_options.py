@@ -96,7 +96,7 @@ def test_the_sessions_options_apply_to_its_ssd_sequences_and_a_rounds_over_them(
     config = result.build.config
     assert (config.fan_out_budget, config.fan_out, config.saguaro_c) == (3, FanOut.UNIFORM, 0.5)
     assert config.backup_max_neural_batch == draft.ssd.config.backup_max_neural_batch  # no field: the draft's
-    assert [p.request.seq_id for p in result.build.pending] == [session.seqs[2].internal_id]  # only SSD builds
+    assert [p.request.seq_id for p in result.build.pending] == [session.seqs[2].seq_id]  # only SSD builds
     older = session.answer(draft_pb2.Round(num_speculative_tokens=K, prefills=[
         draft_pb2.Prefill(seq_id=3, token_ids=PROMPT, ssd=True)], ssd=draft_pb2.SsdOptions(fan_out_budget=2)))
     assert (older.build.config.fan_out_budget, older.build.config.fan_out) == (2, FanOut.UNIFORM)
