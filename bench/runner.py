@@ -19,7 +19,7 @@ from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
@@ -74,7 +74,7 @@ def _engine_runner(llm: LLM, params: SamplingParams) -> Runner:
 
 
 def _speculation(s: BenchSettings) -> SpeculationConfig:
-    return SpeculationConfig(draft=s.draft or "ngram", num_speculative_tokens=s.k, tree=s.tree,
+    return SpeculationConfig(ProposerChoice(s.draft or "ngram"), num_speculative_tokens=s.k, tree=s.tree,
                              k_schedule=((max(s.batch, 1), s.k),))
 
 
@@ -96,7 +96,7 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
         time.sleep(0.1)
     if not proposer.is_connected:
         raise InvalidRequestError(f"could not open a session with the draft service (log: {draft.log_path})")
-    spec = SpeculationConfig(draft=s.draft, num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
+    spec = SpeculationConfig(ProposerChoice(s.draft), num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
     llm = LLM(s.model, proposer=proposer, speculation=spec, dtype=s.dtype, num_threads=s.threads,
               max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization,
               **s.step_options())

@@ -16,7 +16,7 @@ import time
 import torch
 
 from bench.datasets import load_prompts
-from ssd.config import SpeculationConfig, SsdConfig
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from ssd.model_store import DEFAULT_DRAFT, DEFAULT_MODEL
 from ssd.sampling.params import SamplingParams
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    spec = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, k_schedule=((64, args.k),),
+    spec = SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k, k_schedule=((64, args.k),),
                              ssd=SsdConfig(backup="neural"))
     llm = LLM(args.model, dtype=args.dtype, speculation=spec)
     overlapped = llm.engine.spec.proposer

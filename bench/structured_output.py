@@ -19,7 +19,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.engine import spec_decode
 from ssd.llm import LLM
 from ssd.sampling import grammar as grammar_module
@@ -135,10 +135,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     grammar = Grammar("json_schema", json.dumps(SCHEMA))
-    specs = {"ar": None, "sd_chain": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k),
-             "sd_tree": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k,
+    specs = {"ar": None, "sd_chain": SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k),
+             "sd_tree": SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k,
                                           tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2)),
-             "ssd_in_process": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, ssd=SsdConfig())}
+             "ssd_in_process": SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k, ssd=SsdConfig())}
     results: dict = {"command": vars(args), "schema": SCHEMA}
     for name, spec in ((n, specs[n]) for n in args.modes.split(",")):
         llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=spec)

@@ -7,6 +7,7 @@ from ssd.config import (
     BACKUP_KINDS,
     COMPILE_MODES,
     FAN_OUT_KINDS,
+    ProposerChoice,
     SpeculationConfig,
     SsdConfig,
     TreeShape,
@@ -71,5 +72,5 @@ def ssd_from_args(args: argparse.Namespace) -> SsdConfig:
 def speculation_from_args(args: argparse.Namespace, max_batch: int | None = None,
                           is_ssd: bool = False) -> SpeculationConfig:
     schedule = ((max_batch, args.k),) if max_batch else None
-    return SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, tree=tree_from_args(args),
+    return SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k, tree=tree_from_args(args),
                              k_schedule=schedule, ssd=ssd_from_args(args) if is_ssd else None)

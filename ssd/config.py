@@ -67,15 +67,26 @@ class SsdConfig:
 
 
 @dataclass(frozen=True)
-class SpeculationConfig:
+class ProposerChoice:
+    """Which proposer drafts, apart from how much it speculates (SpeculationConfig)."""
+
     draft: str  # "ngram", a draft checkpoint folder / known model name, or an EAGLE-3 head folder
+    draft_dtype: str | None = None  # None = the target's dtype
+    ngram_max: int = 3  # n-gram proposer: longest tail matched (also the SSD fast backup)
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.draft == "ngram"
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    proposer: ProposerChoice  # who drafts; the fields below say how much, in what shape
     num_speculative_tokens: int = 4  # lookahead K (for a tree: its depth limit)
     tree: TreeShape | None = None  # None = chain speculation
     # (max batch size, K) pairs in increasing batch order; above the last pair K is 0 (plain decoding).
     # None = K up to batch 4, K // 2 up to batch 16, then off.
     k_schedule: tuple[tuple[int, int], ...] | None = None
-    draft_dtype: str | None = None  # None = the target's dtype
-    ngram_max: int = 3  # n-gram proposer: longest tail matched
     ssd: SsdConfig | None = None  # None = synchronous SD; set = SSD (needs a neural draft, chains only)
 
     def __post_init__(self) -> None:
@@ -84,7 +95,7 @@ class SpeculationConfig:
             raise InvalidRequestError(f"lookahead K must be an integer in [0, {MAX_LOOKAHEAD}], got {k!r}")
         if self.ssd is not None and self.tree is not None:
             raise InvalidRequestError("SSD speculates chains; drop the token tree or use sd")
-        if self.ssd is not None and self.draft == "ngram":
+        if self.ssd is not None and self.proposer.is_ngram:
             raise InvalidRequestError("SSD needs a neural draft (a draft model or an EAGLE-3 head), not n-gram lookup")
         for batch, kk in self.k_schedule or ():
             if batch < 1 or not 0 <= kk <= MAX_LOOKAHEAD:

@@ -14,7 +14,7 @@ from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
 from rpc.tls_files import TlsConfigError
-from ssd.config import EngineConfig, SpeculationConfig, TreeShape
+from ssd.config import EngineConfig, ProposerChoice, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import SSDError
@@ -42,7 +42,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
         return LLMEngine(engine_config), None
     k = config.num_speculative_tokens
     tree = TreeShape(budget=config.tree_budget, depth=k, top_k=config.tree_top_k) if config.tree_budget else None
-    spec_config = SpeculationConfig(draft="remote", num_speculative_tokens=k, tree=tree,
+    spec_config = SpeculationConfig(ProposerChoice("remote"), num_speculative_tokens=k, tree=tree,
                                     k_schedule=((config.max_num_seqs, k),))
     vocab_size = load_model_config(resolve_model(config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now

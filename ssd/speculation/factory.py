@@ -26,10 +26,11 @@ def is_eagle3_folder(folder: Path) -> bool:
 
 def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -> Proposer:
     """The proposer `config` names, on the target's device (n-gram lookup needs none)."""
-    if config.draft == "ngram":
-        return NgramProposer(max_ngram=config.ngram_max)
-    path = resolve_model(config.draft)
-    draft_dtype = config.draft_dtype or dtype
+    choice = config.proposer
+    if choice.is_ngram:
+        return NgramProposer(max_ngram=choice.ngram_max)
+    path = resolve_model(choice.draft)
+    draft_dtype = choice.draft_dtype or dtype
     if is_eagle3_folder(path):
         from ssd.speculation.eagle3_proposer import Eagle3Proposer
 
@@ -59,5 +60,6 @@ def branch_drafter_for(proposer: Proposer) -> BranchDrafter:
 def with_ssd(proposer: Proposer, config: SpeculationConfig) -> OverlappedSpeculator:
     """Wrap a neural proposer so it answers from an SSD speculation cache, built on a worker thread of its own
     while the caller verifies."""
-    ssd = SsdSpeculator(proposer, branch_drafter_for(proposer), config.ssd or SsdConfig(), config.ngram_max)
+    ssd = SsdSpeculator(proposer, branch_drafter_for(proposer), config.ssd or SsdConfig(),
+                         config.proposer.ngram_max)
     return OverlappedSpeculator(ssd)

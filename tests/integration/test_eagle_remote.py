@@ -105,12 +105,12 @@ def test_eagle_draft_without_target_model_fails_clearly(folders, tmp_path):
 
 def test_per_request_speculation_stats_equal_in_process_eagle(folders, services):
     """Same features, same head: the remote drafts are the in-process drafts, so accepted counts match."""
-    from ssd.config import SpeculationConfig
+    from ssd.config import ProposerChoice, SpeculationConfig
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
     target, head = folders
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     for prompt in PROMPTS:  # one at a time: the same batch shapes on both sides

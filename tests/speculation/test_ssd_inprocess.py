@@ -3,7 +3,7 @@ and an EAGLE-3 head, batch 1 and 4, every fan-out and backup kind; the cache rea
 
 import pytest
 
-from ssd.config import SpeculationConfig, SsdConfig
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
@@ -19,7 +19,7 @@ def models(tmp_path_factory):
 
 def _llm(models, which: str, ssd: SsdConfig, k: int = 3) -> LLM:
     drafts, _ = models
-    spec = SpeculationConfig(draft=str(drafts[which]), num_speculative_tokens=k, ssd=ssd)
+    spec = SpeculationConfig(ProposerChoice(str(drafts[which])), num_speculative_tokens=k, ssd=ssd)
     return LLM(str(drafts["self"]), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
 
 
