@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
-from ssd.cli_flags import add_dtype_flag, add_step_flags
+from ssd.cli_flags import STEP_FIELDS, add_engine_flags, engine_options_from_args
 from ssd.fetch import is_offline
 from ssd.model_store import DEFAULT_DRAFT
 from ssd.paths import cache_root
-from ssd.quant_flags import add_quantization_flag
 
 if TYPE_CHECKING:
     from deploy.local import StackConfig  # imports grpc: only when serving
@@ -33,11 +32,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
     s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
-    add_dtype_flag(s, whose="the models'")
-    add_quantization_flag(s)
-    s.add_argument("--device", default="cpu",
-                   help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
-    add_step_flags(s)
+    add_engine_flags(s, ("dtype", "quantization", "device", *STEP_FIELDS), whose="the models'", overrides={
+        "device": {"help": "where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)"}})
     s.add_argument("--targets", type=int, default=1, help="target replicas")
     s.add_argument("--drafts", type=_at_least_one, default=1,
                    help="draft services (same --draft each); every target spreads its sequences over the healthy ones "
@@ -87,8 +83,7 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
                        num_drafts=args.drafts,
                        quantization=args.quantization,
-                       tensor_parallel_size=args.tensor_parallel_size, compile=args.compile,
-                       enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
+                       tensor_parallel_size=args.tensor_parallel_size, **engine_options_from_args(args, STEP_FIELDS),
                        host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=api_key(args, os.environ),
                        log_dir=args.log_dir or default_log_dir(), tls=_tls(args), metrics_port=args.metrics_port,

@@ -48,16 +48,16 @@ class ServiceDraft:
 def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     if config.draft == "ngram":
         return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
-    device = torch.device(config.device)
+    device = torch.device(config.engine.device)
     path = ensure_model(config.draft)  # a known model not cached yet is pulled (unless SSD_OFFLINE=1)
     if is_eagle3_folder(path):
         draft = build_eagle3(path, config)
     else:
-        model = load_model_config(path)
-        draft = ServiceDraft(DraftModelProposer(path, config.dtype, model.vocab_size, block_size=config.block_size,
-                                                kv_cache_memory_mb=config.kv_cache_memory_mb, device=device,
-                                                compile=config.compile, enforce_eager=config.enforce_eager,
-                                                attention_backend=config.attention_backend),
+        model, engine = load_model_config(path), config.engine
+        draft = ServiceDraft(DraftModelProposer(path, engine.dtype, model.vocab_size, block_size=engine.block_size,
+                                                kv_cache_memory_mb=engine.kv_cache_memory_mb, device=device,
+                                                compile=engine.compile, enforce_eager=engine.enforce_eager,
+                                                attention_backend=engine.attention_backend),
                              model.vocab_size, device=device, grammars=grammar_compiler(path),
                              max_model_len=model.max_position_embeddings)
     ssd = SsdSpeculator(draft.proposer, branch_drafter_for(draft.proposer), config.ssd, config.ngram_max)
@@ -91,12 +91,13 @@ def build_eagle3(path: Path, config: DraftServiceConfig) -> ServiceDraft:
     if embedding.shape != (target_config.vocab_size, target_config.hidden_size):
         raise CheckpointError(f"{target}: {EMBEDDING_KEY} is {tuple(embedding.shape)}, its config says "
                               f"{(target_config.vocab_size, target_config.hidden_size)}")
-    proposer = Eagle3Proposer(path, embedding, target_config, config.dtype, device=torch.device(config.device),
-                              prefix_block_size=config.block_size,  # the target's block size, by default 16
+    device = torch.device(config.engine.device)
+    proposer = Eagle3Proposer(path, embedding, target_config, config.engine.dtype, device=device,
+                              prefix_block_size=config.engine.block_size,  # the target's block size, by default 16
                               prefix_cache_blocks=config.prefix_cache_blocks)
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
-    return ServiceDraft(proposer, target_config.vocab_size, width, device=torch.device(config.device),
+    return ServiceDraft(proposer, target_config.vocab_size, width, device=device,
                         grammars=grammar_compiler(target),  # a head drafts in its target's vocabulary
                         max_model_len=target_config.max_position_embeddings)
 

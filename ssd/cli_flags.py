@@ -1,12 +1,20 @@
-"""Command-line flags shared by `ssd generate`, `ssd bench` and the services: dtype, step and speculation settings."""
+"""Command-line flags of every entry point that builds an engine (`ssd generate`, `ssd bench`, `ssd serve`, the
+services, draft training): one table of EngineConfig fields from which each parser's flags are generated, plus the
+speculation flags."""
 
 import argparse
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from ssd.config import (
     ATTENTION_BACKENDS,
     BACKUP_KINDS,
     COMPILE_MODES,
     FAN_OUT_KINDS,
+    QUANTIZATION_CHOICES,
+    QUANTIZATION_PATTERN,
+    EngineConfig,
     ProposerChoice,
     SpeculationConfig,
     SsdConfig,
@@ -15,28 +23,87 @@ from ssd.config import (
 from ssd.model_store import DEFAULT_DRAFT
 
 
-def add_dtype_flag(p: argparse.ArgumentParser, default: str = "auto", whose: str = "the model's",
-                   extra_choices: tuple[str, ...] = ()) -> None:
-    """--dtype: auto (ssd/dtypes.py), float32 or bfloat16 (plus `extra_choices`)."""
-    p.add_argument("--dtype", default=default, choices=["auto", "float32", "bfloat16", *extra_choices],
-                   help=f"{whose} dtype; auto: bfloat16 on a GPU or a CPU with native bfloat16 matmuls, float32 "
-                        f"elsewhere (default {default})")
+def _quantization(value: str) -> str:
+    if not QUANTIZATION_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not one of {', '.join(QUANTIZATION_CHOICES)}, int4:32, int4:64, int4:128, int4:256")
+    return value
 
 
-def add_step_flags(p: argparse.ArgumentParser, compile_default: str = "auto") -> None:
-    """--compile, --enforce-eager and --attention-backend: how the model forward runs (EngineConfig's fields)."""
-    p.add_argument("--compile", default=compile_default, choices=COMPILE_MODES,
-                   help="torch.compile the model forward (on: the first start compiles for minutes, later ones "
-                        "read the cache); auto: where it measured faster, so far nowhere (default "
-                        f"{compile_default})")
-    p.add_argument("--enforce-eager", action="store_true", help="run every forward eager (no compile, no graphs)")
-    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
-                   help="attention kernel; auto: flash-attn or triton on CUDA where installed, torch elsewhere")
+@dataclass(frozen=True)
+class EngineFlag:
+    """How one EngineConfig field is spelled on the command line; `help` may name {whose} and {default}."""
+
+    names: tuple[str, ...]  # the flag and its aliases
+    help: str | None = None
+    type: Callable[[str], object] | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    env: str | None = None  # a service reads its default from SSD_<SERVICE>_<env>
+    action: str | None = None  # "store_true" (a switch) or "store_false" (a --no-... switch)
 
 
-def step_options_from_args(args: argparse.Namespace) -> dict[str, object]:
-    """The EngineConfig fields `add_step_flags` set, as keyword arguments."""
-    return {"compile": args.compile, "enforce_eager": args.enforce_eager, "attention_backend": args.attention_backend}
+ENGINE_FLAGS: dict[str, EngineFlag] = {
+    "dtype": EngineFlag(("--dtype",), "{whose} dtype; auto: bfloat16 on a GPU or a CPU with native bfloat16 matmuls, "
+                        "float32 elsewhere (default {default})", choices=("auto", "float32", "bfloat16"), env="DTYPE"),
+    "quantization": EngineFlag(
+        ("--quantization",), "{whose} linear weights: none (float); auto (the checkpoint's own quantization, e.g. the "
+        "default model's Q4_1 GGUF weights, else none); int8 (per channel, quantized at load); int4 (the checkpoint's "
+        "own 4-bit weights, else quantized at load in groups of 32); int4:G (quantized at load in groups of G = 32, "
+        "64, 128 or 256, unless the checkpoint's own groups are G) (default {default})",
+        type=_quantization, metavar="{none,auto,int8,int4,int4:G}", env="QUANTIZATION"),
+    "device": EngineFlag(("--device",), "where the model runs: cpu, cuda or cuda:N", env="DEVICE"),
+    "num_threads": EngineFlag(("--threads",), "torch intra-op threads (default {default})", int, env="THREADS"),
+    "tensor_parallel_size": EngineFlag(
+        ("--tensor-parallel-size", "--tp"), "shard the model over this many CPU ranks (processes), each on its own "
+        "cores and with --threads threads", int, env="TENSOR_PARALLEL_SIZE"),
+    "kv_cache_memory_mb": EngineFlag(("--kv-cache-mb",), "KV cache budget in MB (default {default})", int, env="KV_MB"),
+    "max_num_seqs": EngineFlag(("--max-num-seqs",), "sequences in one batch at most", int),
+    "prefill_chunk_tokens": EngineFlag(
+        ("--prefill-chunk-tokens",), "while requests decode, feed a new prompt this many tokens per step, the "
+        "decoding requests stepping in between (0 = whole prompts first)", int, env="PREFILL_CHUNK"),
+    "max_model_len": EngineFlag(("--max-model-len",), "tokens per sequence at most (default: the model's limit)", int),
+    "block_size": EngineFlag(("--block-size",), "tokens per KV block, the prefix cache's unit (an EAGLE-3 head's "
+                             "draft service: the target's value)", int, env="BLOCK_SIZE"),
+    "enable_prefix_caching": EngineFlag(("--no-prefix-caching",), "compute every prompt token's KV (no reuse of "
+                                        "shared prompt blocks; for comparisons)", action="store_false"),
+    "compile": EngineFlag(("--compile",), "torch.compile the model forward (on: the first start compiles for "
+                          "minutes, later ones read the cache); auto: where it measured faster, so far nowhere "
+                          "(default {default})", choices=COMPILE_MODES, env="COMPILE"),
+    "enforce_eager": EngineFlag(("--enforce-eager",), "run every forward eager (no compile, no graphs)",
+                                action="store_true"),
+    "attention_backend": EngineFlag(("--attention-backend",), "attention kernel; auto: flash-attn or triton on CUDA "
+                                    "where installed, torch elsewhere", choices=ATTENTION_BACKENDS),
+}
+STEP_FIELDS = ("compile", "enforce_eager", "attention_backend")  # how the model forward runs
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+
+
+def add_engine_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup, fields: Iterable[str],
+                     defaults: Mapping[str, object] | None = None, whose: str = "the model's",
+                     env: tuple[str, Mapping[str, str]] | None = None,
+                     overrides: Mapping[str, Mapping[str, object]] | None = None) -> None:
+    """The flags of these EngineConfig `fields` (dest = the field name). `defaults` replaces EngineConfig's,
+    `env` = (prefix, environment) lets a service's variables (prefix + EngineFlag.env) replace those, and
+    `overrides` replaces add_argument keyword arguments of single flags."""
+    for name in fields:
+        flag = ENGINE_FLAGS[name]
+        default = (defaults or {}).get(name, _DEFAULTS[name])
+        if env is not None and flag.env is not None:
+            default = env[1].get(env[0] + flag.env, default)
+        kwargs: dict[str, object] = {"dest": name, "help": flag.help and flag.help.format(whose=whose, default=default)}
+        if flag.action is not None:
+            kwargs["action"] = flag.action
+        else:
+            metavar = flag.metavar or (None if flag.choices else flag.names[0].lstrip("-").upper().replace("-", "_"))
+            kwargs.update(default=default, type=flag.type, choices=flag.choices, metavar=metavar)
+        kwargs.update((overrides or {}).get(name, {}))
+        p.add_argument(*flag.names, **kwargs)
+
+
+def engine_options_from_args(args: argparse.Namespace, fields: Iterable[str]) -> dict[str, object]:
+    """The EngineConfig fields `add_engine_flags` set, as keyword arguments."""
+    return {name: getattr(args, name) for name in fields}
 
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:

@@ -95,7 +95,7 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         self.requests: dict[str, int] = {}  # request id -> seq id, while running
         info = engine_loop.engine.info
         self.info = target_pb2.TargetInfo(
-            model_name=config.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
+            model_name=config.engine.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
             eos_token_ids=sorted(info.eos_token_ids), tokenizer=read_tokenizer_files(info.model_path),
             modes=[common_pb2.SPECULATION_MODE_AR] + (
                 [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD] if proposer else []),
