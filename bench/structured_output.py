@@ -103,10 +103,10 @@ def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | N
             ended = time.perf_counter()
             tokens += len(out.token_ids) - 1
             decode_s += ended - began - (out.ttft_s or 0.0)
-            if out.spec:
-                rounds += out.spec["num_drafts"]
-                emitted += round(out.spec["tokens_per_round"] * out.spec["num_drafts"])
-                hits += out.spec.get("cache_hits", 0)
+            if out.spec is not None:
+                rounds += out.spec.num_drafts
+                emitted += out.spec.num_emitted_tokens
+                hits += out.spec.num_cache_hits
             if grammar is not None:
                 try:
                     json.loads(out.text)

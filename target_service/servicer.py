@@ -18,6 +18,7 @@ from ssd.errors import InvalidRequestError
 from ssd.sampling.grammar import Grammar
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
+from ssd.speculation.speculation_stats import SpecStats
 from target_service.config import TargetServiceConfig
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer
@@ -64,15 +65,14 @@ def sampling_params(p: common_pb2.SamplingParams, mode: int) -> SamplingParams:
         ssd=mode == common_pb2.SPECULATION_MODE_SSD)
 
 
-def spec_stats(summary: dict | None) -> common_pb2.SpeculationStats | None:
-    """The engine's per-request speculation summary (SpecCounters.as_dict) as the proto."""
-    if not summary:
+def spec_stats(stats: SpecStats | None) -> common_pb2.SpeculationStats | None:
+    """A request's speculation statistics as the proto."""
+    if stats is None:
         return None
     return common_pb2.SpeculationStats(
-        num_drafts=int(summary.get("num_drafts", 0)), num_draft_tokens=int(summary.get("num_draft_tokens", 0)),
-        num_accepted_tokens=int(summary.get("num_accepted_tokens", 0)),
-        num_emitted_tokens=int(summary.get("num_emitted_tokens", 0)),
-        num_cache_hits=int(summary.get("cache_hits", 0)), num_cache_misses=int(summary.get("cache_misses", 0)))
+        num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens, num_emitted_tokens=stats.num_emitted_tokens,
+        num_cache_hits=stats.num_cache_hits, num_cache_misses=stats.num_cache_misses)
 
 
 async def _next(stream: asyncio.Queue, deadline: float | None) -> object:

@@ -27,6 +27,7 @@ from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
 from ssd.speculation.speculation import Speculation
+from ssd.speculation.speculation_stats import ratio
 
 RANKED_GUESSES = 16  # guesses ranked per acceptance length, to measure the miss-rate power law
 
@@ -77,16 +78,25 @@ class SsdCounters:
     last_backup_s: float = 0.0
     last_build_s: float = 0.0
 
-    def as_dict(self) -> dict:
-        rounds = self.num_hits + self.num_misses
-        return {"cache_hits": self.num_hits, "cache_misses": self.num_misses,
-                "cache_hit_rate": self.num_hits / rounds if rounds else 0.0,
-                "neural_backups": self.num_neural_backups, "fast_backups": self.num_fast_backups,
-                "mean_build_ms": 1e3 * self.build_s / self.num_builds if self.num_builds else 0.0,
-                "mean_lookup_ms": 1e3 * self.lookup_s / rounds if rounds else 0.0,
-                "predicted_hit_rate": self.predicted_hits / self.num_predicted if self.num_predicted else 0.0,
-                "actual_hit_rate_when_predicted": (self.num_predicted_actual_hits / self.num_predicted
-                                                   if self.num_predicted else 0.0)}
+    @property
+    def cache_hit_rate(self) -> float | None:
+        return ratio(self.num_hits, self.num_hits + self.num_misses)
+
+    @property
+    def mean_build_ms(self) -> float | None:
+        return ratio(1e3 * self.build_s, self.num_builds)
+
+    @property
+    def mean_lookup_ms(self) -> float | None:
+        return ratio(1e3 * self.lookup_s, self.num_hits + self.num_misses)
+
+    @property
+    def predicted_hit_rate(self) -> float | None:
+        return ratio(self.predicted_hits, self.num_predicted)
+
+    @property
+    def actual_hit_rate_when_predicted(self) -> float | None:
+        return ratio(self.num_predicted_actual_hits, self.num_predicted)
 
 
 @dataclass

@@ -117,7 +117,7 @@ def test_per_request_speculation_stats_equal_in_process_eagle(folders, services)
         local = llm.generate([prompt], params)[0].spec
         _, last = generate(services[0], prompt)
         assert (last.spec.num_draft_tokens, last.spec.num_accepted_tokens) == (
-            local["num_draft_tokens"], local["num_accepted_tokens"])
+            local.num_draft_tokens, local.num_accepted_tokens)
 
 
 def sd_and_ssd_on_a_stack(folders, log_dir, **stack_options):  # noqa: ANN001, ANN003, ANN201

@@ -52,4 +52,4 @@ def test_sd_greedy_equals_ar(models, expected, which, tree, batch):
         assert counters.num_accepted_tokens == counters.num_draft_tokens > 0
     if which == "self" and tree is not None:  # the argmax child always exists at depth 1
         assert counters.accepted_per_position[0] == counters.num_drafts
-    assert all(o.spec is not None and o.spec["num_drafts"] > 0 for o in outs)
+    assert all(o.spec is not None and o.spec.num_drafts > 0 for o in outs)
