@@ -9,9 +9,9 @@ from bench.datasets import load_prompts
 from bench.runner import BenchSettings, by_dataset, run_benchmarks
 from ssd.cli_flags import (
     STEP_FIELDS,
-    add_engine_flags,
+    add_config_flags,
     add_speculation_flags,
-    engine_options_from_args,
+    options_from_args,
     tree_from_args,
 )
 from ssd.dtypes import resolve_dtype_name
@@ -65,13 +65,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
     p.add_argument("--batch", type=_int_list, default=[1], help="prompts decoded together (comma list)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    add_engine_flags(p, ("dtype", "quantization", "num_threads", "tensor_parallel_size", *STEP_FIELDS),
+    add_config_flags(p, ("dtype", "quantization", "num_threads", "tensor_parallel_size", *STEP_FIELDS),
                      defaults={"num_threads": 2}, whose="the target's")
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
     p.add_argument("--target-core", type=int, default=None,
                    help="pin this process (the target in every mode) to one CPU core, e.g. 0 with --threads 1")
     p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
-    add_speculation_flags(p)
+    add_speculation_flags(p, ("fan_out_budget", "fan_out", "backup", "saguaro_c"))  # the ones BenchSettings has
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
     p.add_argument("--sweep", type=_sweep, default=None,
@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
             tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
-            **engine_options_from_args(args, STEP_FIELDS),
+            **options_from_args(args, STEP_FIELDS),
         )
         if args.target_core is not None:
             import os

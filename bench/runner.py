@@ -54,9 +54,11 @@ class BenchSettings:
     enforce_eager: bool = False
     attention_backend: str = "auto"
 
-    def step_options(self) -> dict[str, object]:
-        return {"compile": self.compile, "enforce_eager": self.enforce_eager,
-                "attention_backend": self.attention_backend}
+    def engine_options(self, max_num_seqs: int) -> dict[str, object]:
+        """The target engine's EngineConfig fields (this record keeps its own names: they are the JSON's keys)."""
+        return {"dtype": self.dtype, "num_threads": self.threads, "max_num_seqs": max_num_seqs,
+                "tensor_parallel_size": self.tensor_parallel_size, "quantization": self.quantization,
+                "compile": self.compile, "enforce_eager": self.enforce_eager, "attention_backend": self.attention_backend}
 
 
 def render_prompts(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
@@ -98,19 +100,15 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
     if not proposer.is_connected:
         raise InvalidRequestError(f"could not open a session with the draft service (log: {draft.log_path})")
     spec = SpeculationConfig(ProposerChoice(s.draft), num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
-    llm = LLM(s.model, proposer=proposer, speculation=spec, dtype=s.dtype, num_threads=s.threads,
-              max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization,
-              **s.step_options())
+    llm = LLM(s.model, proposer=proposer, speculation=spec, **s.engine_options(s.batch))
     return _engine_runner(llm, replace(params, ssd=True)), llm
 
 
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
-    opts = dict(dtype=s.dtype, num_threads=s.threads, max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size,
-                quantization=s.quantization, **s.step_options())
     if s.mode == "ar":
         return _engine_runner(ar, params), ar
     if s.mode == "sd":
-        llm = LLM(s.model, speculation=_speculation(s), **opts)
+        llm = LLM(s.model, speculation=_speculation(s), **s.engine_options(s.batch))
         return _engine_runner(llm, params), llm
     if s.mode == "ssd":
         return _ssd_runner(s, ar, params, closers)
@@ -137,9 +135,7 @@ def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], pr
     a runner (and its model) is built once per setting and reused across the data sets.
     """
     torch.set_num_threads(base.threads)
-    ar = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches),
-             tensor_parallel_size=base.tensor_parallel_size, quantization=base.quantization,
-             **base.step_options())
+    ar = LLM(base.model, **base.engine_options(max(batches)))
     encoded = {name: render_prompts(ar, group) for name, group in by_dataset(prompts).items()}
     params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234,
                             draft_temperature=base.draft_temperature)

@@ -9,15 +9,15 @@ import sys
 import time
 
 from ssd.cli_flags import (
-    add_engine_flags,
+    add_config_flags,
     add_speculation_flags,
-    engine_options_from_args,
+    options_from_args,
     speculation_from_args,
 )
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
 
-# the engine settings `ssd generate` takes (flags generated from ssd/cli_flags.py ENGINE_FLAGS)
+# the engine settings `ssd generate` takes (flags generated from ssd/cli_flags.py CONFIG_FLAGS)
 _ENGINE_FIELDS = ("dtype", "quantization", "num_threads", "device", "tensor_parallel_size", "compile",
                   "enforce_eager", "attention_backend")
 
@@ -26,7 +26,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder or known model name")
-    add_engine_flags(p, _ENGINE_FIELDS, overrides={"dtype": {"choices": ["auto", "float32", "bfloat16", "float16"]},
+    add_config_flags(p, _ENGINE_FIELDS, overrides={"dtype": {"choices": ["auto", "float32", "bfloat16", "float16"]},
                                                    "num_threads": {"help": "torch threads (default: torch's choice)"}})
     _add_offline_flag(p)
 
@@ -55,7 +55,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.sampling.params import SamplingParams
 
     spec = speculation_from_args(args, is_ssd=args.mode == "ssd") if args.mode in ("sd", "ssd") else None
-    llm = LLM(args.model, speculation=spec, **engine_options_from_args(args, _ENGINE_FIELDS))
+    llm = LLM(args.model, speculation=spec, **options_from_args(args, _ENGINE_FIELDS))
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
-from ssd.cli_flags import STEP_FIELDS, add_engine_flags, engine_options_from_args
+from ssd.cli_flags import STEP_FIELDS, add_config_flags, options_from_args
+from ssd.config import EngineConfig
 from ssd.fetch import is_offline
 from ssd.model_store import DEFAULT_DRAFT
 from ssd.paths import cache_root
@@ -27,12 +28,15 @@ if TYPE_CHECKING:
     from deploy.local import StackConfig  # imports grpc: only when serving
 
 
+SERVE_ENGINE_FIELDS = ("dtype", "quantization", "device", *STEP_FIELDS)  # the targets' (drafts: dtype, device)
+
+
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="run draft, target and gateway services on localhost")
     s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
     s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
-    add_engine_flags(s, ("dtype", "quantization", "device", *STEP_FIELDS), whose="the models'", overrides={
+    add_config_flags(s, SERVE_ENGINE_FIELDS, whose="the models'", overrides={
         "device": {"help": "where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)"}})
     s.add_argument("--targets", type=int, default=1, help="target replicas")
     s.add_argument("--drafts", type=_at_least_one, default=1,
@@ -80,11 +84,10 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
 
     draft = None if args.draft == "none" else args.draft
     tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
-    return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
-                       num_drafts=args.drafts,
-                       quantization=args.quantization,
-                       tensor_parallel_size=args.tensor_parallel_size, **engine_options_from_args(args, STEP_FIELDS),
-                       host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
+    target = EngineConfig(args.model, tensor_parallel_size=args.tensor_parallel_size,
+                          **options_from_args(args, SERVE_ENGINE_FIELDS))
+    return StackConfig(target, draft=draft, num_targets=args.targets, num_drafts=args.drafts, host=args.host,
+                       http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=api_key(args, os.environ),
                        log_dir=args.log_dir or default_log_dir(), tls=_tls(args), metrics_port=args.metrics_port,
                        offline=args.offline or is_offline())

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
-from ssd.cli_flags import STEP_FIELDS, add_engine_flags, engine_options_from_args
-from ssd.config import BACKUP_KINDS, FAN_OUT_KINDS, MAX_LOOKAHEAD, EngineConfig, SsdConfig
+from ssd.cli_flags import SSD_FIELDS, STEP_FIELDS, add_config_flags, options_from_args, ssd_from_args
+from ssd.config import MAX_LOOKAHEAD, EngineConfig, SsdConfig
 from ssd.errors import InvalidRequestError
 
-# the engine settings the service takes as flags (generated from ssd/cli_flags.py ENGINE_FLAGS, SSD_DRAFT_* defaults)
-ENGINE_FIELDS = ("dtype", "device", "num_threads", "kv_cache_memory_mb", "block_size", *STEP_FIELDS)
+# the engine settings the service takes as flags (generated from ssd/cli_flags.py CONFIG_FLAGS, SSD_DRAFT_* defaults)
+ENGINE_FIELDS = ("dtype", "device", "num_threads", "kv_cache_memory_mb", "block_size", "max_model_len", *STEP_FIELDS)
 ENGINE_DEFAULTS = {"dtype": "float32", "num_threads": 1, "kv_cache_memory_mb": 256}  # the draft's, not the engine's
 
 
@@ -64,43 +64,26 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
                    help="target checkpoint folder or known model name (needed by EAGLE-3 heads)")
     p.add_argument("--address", default=env.get("SSD_DRAFT_ADDRESS", "127.0.0.1:50052"))
     add_metrics_port_flag(p, env, "SSD_DRAFT_METRICS_PORT")
-    add_engine_flags(p, ENGINE_FIELDS, ENGINE_DEFAULTS, whose="the draft's", env=("SSD_DRAFT_", env),
+    add_config_flags(p, ENGINE_FIELDS, ENGINE_DEFAULTS, whose="the draft's", env=("SSD_DRAFT_", env),
                      overrides={"device": {"help": "where the draft runs: cpu, cuda or cuda:N"}})
     p.add_argument("--prefix-cache-blocks", type=int, default=int(env.get("SSD_DRAFT_PREFIX_CACHE_BLOCKS", "1024")),
                    help="an EAGLE-3 head's own prefix cache (head KV of shared prompt blocks), in blocks; 0 = off")
-    add_ssd_flags(p, env)
+    add_config_flags(p.add_argument_group("SSD (neural drafts; sequences whose Prefill asks for ssd)"), SSD_FIELDS,
+                     env=("SSD_DRAFT_", env))
     add_limit_flags(p, env)
     add_tls_flags(p, env)
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     a = p.parse_args(argv)
     try:
-        ssd = SsdConfig(fan_out_budget=a.fan_out_budget, fan_out=a.fan_out, backup=a.backup,
-                        backup_max_neural_batch=a.backup_max_neural_batch, saguaro_c=a.saguaro_c)
-        engine = EngineConfig(a.draft, max_model_len=a.max_model_len, **engine_options_from_args(a, ENGINE_FIELDS))
+        engine = EngineConfig(a.draft, **options_from_args(a, ENGINE_FIELDS))
         return DraftServiceConfig(engine=engine, target_model=a.target_model, address=a.address,
-                                  metrics_port=a.metrics_port, ssd=ssd, prefix_cache_blocks=a.prefix_cache_blocks,
-                                  max_speculative_tokens=a.max_speculative_tokens,
+                                  metrics_port=a.metrics_port, ssd=ssd_from_args(a),
+                                  prefix_cache_blocks=a.prefix_cache_blocks, max_speculative_tokens=a.max_speculative_tokens,
                                   max_session_sequences=a.max_session_sequences, tls=tls_from_args(p, a),
                                   log_level=a.log_level, log_json=not a.log_text)
     except InvalidRequestError as e:
         p.error(str(e))  # exits 2 with the usage line
-
-
-def add_ssd_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """SSD defaults of a neural draft (SSD.md section 5); a target's Round.ssd overrides them per round."""
-    g = p.add_argument_group("SSD (neural drafts; sequences whose Prefill asks for ssd)")
-    g.add_argument("--fan-out-budget", type=int, default=int(env.get("SSD_DRAFT_FAN_OUT_BUDGET", "8")),
-                   help="bonus-token guesses prepared per sequence and round (sum of the fan-out shape)")
-    g.add_argument("--fan-out", default=env.get("SSD_DRAFT_FAN_OUT", "geometric"), choices=FAN_OUT_KINDS,
-                   help="fan-out shape: geometric (from the measured acceptance) or uniform")
-    g.add_argument("--backup", default=env.get("SSD_DRAFT_BACKUP", "auto"), choices=BACKUP_KINDS,
-                   help="on a cache miss: neural (draft now), fast (n-gram lookup), auto (by batch size)")
-    g.add_argument("--backup-max-neural-batch", type=int,
-                   default=int(env.get("SSD_DRAFT_BACKUP_MAX_NEURAL_BATCH", "4")),
-                   help="auto backup: neural up to this batch size, fast above")
-    g.add_argument("--saguaro-c", type=float, default=float(env.get("SSD_DRAFT_SAGUARO_C", "1.0")),
-                   help="Saguaro sampling constant C in (0, 1]; 1 = plain sampling")
 
 
 def add_limit_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -111,5 +94,3 @@ def add_limit_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                    help="lookahead K a round may ask for at most")
     g.add_argument("--max-session-sequences", type=int, default=int(env.get("SSD_DRAFT_MAX_SESSION_SEQUENCES", "256")),
                    help="sequences one session may hold at once")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="tokens per sequence at most (default: the draft model's positions)")

@@ -161,26 +161,19 @@ class EngineConfig:
             raise InvalidRequestError("prefill_chunk_tokens must be 0 (off) or >= 2")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        if self.linear_backend not in ("onednn", "torch"):
-            raise InvalidRequestError(f"linear_backend must be 'onednn' or 'torch', got {self.linear_backend!r}")
+        for name, choices in (("dtype", DTYPE_CHOICES), ("linear_backend", ("onednn", "torch")),
+                              ("tensor_parallel_collectives", ("auto", "gloo")),
+                              ("attention_backend", ATTENTION_BACKENDS), ("compile", COMPILE_MODES)):
+            if getattr(self, name) not in choices:
+                raise InvalidRequestError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise InvalidRequestError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
-        if self.tensor_parallel_collectives not in ("auto", "gloo"):
-            raise InvalidRequestError(
-                f"tensor_parallel_collectives must be 'auto' or 'gloo', got {self.tensor_parallel_collectives!r}")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise InvalidRequestError("tensor parallelism runs on CPU ranks only so far (gloo); use --device cpu")
         if not QUANTIZATION_PATTERN.fullmatch(self.quantization):
             raise InvalidRequestError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} "
                                       f"(int4 also int4:32 .. int4:256), got {self.quantization!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise InvalidRequestError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
-                                      f"{self.attention_backend!r}")
-        if self.compile not in COMPILE_MODES:
-            raise InvalidRequestError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -14,7 +14,6 @@ from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, PortInUseError, ServiceSpec, check_port_free
 from rpc.tls_files import TlsConfigError
-from ssd.config import ProposerChoice, SpeculationConfig, TreeShape
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import SSDError
@@ -35,10 +34,6 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
     ensure_model(engine_config.model)  # a known model not cached yet is pulled first (unless SSD_OFFLINE=1)
     if not config.draft_addresses:
         return LLMEngine(engine_config), None
-    k = config.num_speculative_tokens
-    tree = TreeShape(budget=config.tree_budget, depth=k, top_k=config.tree_top_k) if config.tree_budget else None
-    spec_config = SpeculationConfig(ProposerChoice("remote"), num_speculative_tokens=k, tree=tree,
-                                    k_schedule=((engine_config.max_num_seqs, k),))
     vocab_size = load_model_config(resolve_model(engine_config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
     if feature_layers is None:
@@ -47,7 +42,7 @@ def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer
                               config.reconnect_interval_s, feature_layers,
                               offer_shared_memory=config.tensor_transport == "auto",
                               device=torch.device(engine_config.device), tls=config.tls)
-    engine = LLMEngine(dataclasses.replace(engine_config, speculation=spec_config), proposer=proposer)
+    engine = LLMEngine(dataclasses.replace(engine_config, speculation=config.speculation), proposer=proposer)
     if engine_config.device == "cpu" and config.default_mode != "ar" and not cpu_has_fast_bfloat16():
         log.warning("this CPU has no native bfloat16 matmuls: verifying K+1 positions costs ~2x a decode step "
                     "here, and speculation measured slower than plain decoding (README, 'Speculation depends on "
@@ -73,7 +68,7 @@ async def serve(config: TargetServiceConfig) -> None:
         await dead.wait()
         server.request_stop()
 
-    metrics = start_metrics_server(build_registry(engine_loop, config.engine.model, config.num_speculative_tokens,
+    metrics = start_metrics_server(build_registry(engine_loop, config.engine.model, config.speculation.num_speculative_tokens,
                                                   lambda: proposer is not None and proposer.is_connected),
                                    config.address, config.metrics_port)
     watcher = asyncio.create_task(stop_when_dead())

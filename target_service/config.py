@@ -7,37 +7,39 @@ from dataclasses import dataclass, field
 
 from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
-from ssd.cli_flags import STEP_FIELDS, add_engine_flags, engine_options_from_args
-from ssd.config import MAX_TREE_BUDGET, EngineConfig
+from ssd.cli_flags import STEP_FIELDS, add_config_flags, options_from_args
+from ssd.config import EngineConfig, ProposerChoice, SpeculationConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
 
 MODES = ("ar", "sd", "ssd")  # decoding modes: plain, synchronous SD, SSD (the draft answers from its cache)
 
 
-# the engine settings the service takes as flags (generated from ssd/cli_flags.py ENGINE_FLAGS, SSD_TARGET_* defaults)
+# the engine settings the service takes as flags (generated from ssd/cli_flags.py CONFIG_FLAGS, SSD_TARGET_* defaults)
 ENGINE_FIELDS = ("dtype", "quantization", "device", "num_threads", "tensor_parallel_size", "kv_cache_memory_mb",
                  "max_num_seqs", "prefill_chunk_tokens", "max_model_len", "block_size", "enable_prefix_caching",
                  *STEP_FIELDS)
 ENGINE_DEFAULTS = {"num_threads": 1, "kv_cache_memory_mb": 512}  # where the service's defaults are not the engine's
 
 
-def _default_engine() -> EngineConfig:
-    return EngineConfig(DEFAULT_MODEL, **ENGINE_DEFAULTS)
+def remote_speculation(k: int, tree: TreeShape | None, max_num_seqs: int) -> SpeculationConfig:
+    """The speculation of a target whose proposals come from draft services: K at every batch size."""
+    return SpeculationConfig(ProposerChoice("remote"), num_speculative_tokens=k, tree=tree,
+                             k_schedule=((max_num_seqs, k),))
 
 
 @dataclass(frozen=True)
 class TargetServiceConfig:
     # the target's engine (model, dtype, device, threads, KV, batch, step settings); the speculation is set when the
     # engine is built, from the fields below (a remote draft)
-    engine: EngineConfig = field(default_factory=_default_engine)
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(DEFAULT_MODEL, **ENGINE_DEFAULTS))
     address: str = "127.0.0.1:50051"  # host:port to listen on
     metrics_port: int = 0  # Prometheus /metrics over HTTP on this port, on the host of `address`; 0 = off
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
     draft_addresses: tuple[str, ...] = ()  # the draft services (sequences spread over them); () = every request ar
-    num_speculative_tokens: int = 4  # lookahead K (a tree's depth)
-    tree_budget: int = 0  # sd requests: draft nodes per token tree; 0 = chains (ssd requests always speculate chains)
-    tree_top_k: int = 2  # children tried per expanded tree node
+    # how requests speculate once a draft is connected: K (a tree's depth), sd requests' token tree (None = chains;
+    # ssd requests always speculate chains), K at every batch size up to max_num_seqs; proposals come from the drafts
+    speculation: SpeculationConfig = field(default_factory=lambda: remote_speculation(4, None, 16))
     default_mode: str = "sd"  # mode of requests that name none: "ar" | "sd" | "ssd" (sd and ssd need a draft)
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
@@ -68,9 +70,6 @@ class TargetServiceConfig:
             raise InvalidRequestError(f"default mode must be one of {MODES}, got {self.default_mode!r}")
         if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0:
             raise InvalidRequestError("draft timeouts must be > 0")
-        if not 0 <= self.tree_budget <= MAX_TREE_BUDGET or self.tree_top_k < 1:
-            raise InvalidRequestError(f"tree budget must be in [0, {MAX_TREE_BUDGET}] (0 = chains) and tree top-k "
-                                      f">= 1, got {self.tree_budget} / {self.tree_top_k}")
         if self.draft_feature_layers is not None and any(layer < 0 for layer in self.draft_feature_layers):
             raise InvalidRequestError(f"feature layers must be >= 0, got {self.draft_feature_layers}")
 
@@ -101,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
     add_metrics_port_flag(p, env, "SSD_TARGET_METRICS_PORT")
-    add_engine_flags(p, ENGINE_FIELDS, ENGINE_DEFAULTS, whose="the target's", env=("SSD_TARGET_", env))
+    add_config_flags(p, ENGINE_FIELDS, ENGINE_DEFAULTS, whose="the target's", env=("SSD_TARGET_", env))
     p.add_argument("--draft-address", action="append", dest="draft_addresses", default=None,
                    help="host:port of a draft service; repeat it for several drafts (sequences spread over the "
                         "healthy ones, least loaded first; a dead draft's sequences move to another); default: "
@@ -132,11 +131,12 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     add_tls_flags(p, env)
     a = p.parse_args(argv)
     return TargetServiceConfig(
-        engine=EngineConfig(a.model, **engine_options_from_args(a, ENGINE_FIELDS)),
+        engine=EngineConfig(a.model, **options_from_args(a, ENGINE_FIELDS)),
         max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
         address=a.address, metrics_port=a.metrics_port, replica_id=a.replica_id,
-        draft_addresses=draft_addresses(a.draft_addresses, env), num_speculative_tokens=a.k,
-        default_mode=a.default_mode, tree_budget=a.tree_budget, tree_top_k=a.tree_topk,
+        draft_addresses=draft_addresses(a.draft_addresses, env), default_mode=a.default_mode,
+        speculation=remote_speculation(a.k, TreeShape(a.tree_budget, a.k, a.tree_topk) if a.tree_budget else None,
+                                       a.max_num_seqs),
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
         draft_info_timeout_s=a.draft_info_timeout_s, tensor_transport=a.tensor_transport, log_level=a.log_level,
         log_json=not a.log_text)

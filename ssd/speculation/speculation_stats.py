@@ -72,8 +72,7 @@ class SpecStats:
         return out
 
     @property
-    def accept_rate(self) -> float | None:
-        """Accepted draft tokens / proposed."""
+    def accept_rate(self) -> float | None:  # accepted draft tokens / proposed
         return ratio(self.num_accepted_tokens, self.num_draft_tokens)
 
     @property
@@ -82,12 +81,7 @@ class SpecStats:
         return ratio(self.num_emitted_tokens, self.num_drafts)
 
     @property
-    def mean_accepted_length(self) -> float | None:
-        return ratio(self.num_accepted_tokens, self.num_drafts)
-
-    @property
-    def num_cache_lookups(self) -> int:
-        """SSD rounds verified (0: no SSD)."""
+    def num_cache_lookups(self) -> int:  # SSD rounds verified (0: no SSD)
         return self.num_cache_hits + self.num_cache_misses
 
     @property
@@ -105,10 +99,6 @@ class SpecStats:
     @property
     def predicted_hit_rate(self) -> float | None:
         return ratio(self.predicted_hit_sum, self.num_predicted)
-
-    @property
-    def actual_hit_rate_when_predicted(self) -> float | None:
-        return ratio(self.num_predicted_hits, self.num_predicted)
 
     @property
     def propose_ms_per_round(self) -> float | None:

@@ -87,16 +87,8 @@ class SsdCounters:
         return ratio(1e3 * self.build_s, self.num_builds)
 
     @property
-    def mean_lookup_ms(self) -> float | None:
-        return ratio(1e3 * self.lookup_s, self.num_hits + self.num_misses)
-
-    @property
     def predicted_hit_rate(self) -> float | None:
         return ratio(self.predicted_hits, self.num_predicted)
-
-    @property
-    def actual_hit_rate_when_predicted(self) -> float | None:
-        return ratio(self.num_predicted_actual_hits, self.num_predicted)
 
 
 @dataclass

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child, stop_stack
+from deploy.local import free_port, spawn, start_stack, stop_child, stop_stack
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from rpc.shared_memory import SHM_DIR, live_segments
-from tests.integration.helpers import draft_load, wait_for
+from tests.integration.helpers import draft_load, stack_config, wait_for
 from tests.speculation.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
 MAX_TOKENS = 24
@@ -28,7 +28,7 @@ def folders(tmp_path_factory):
 def services(folders, tmp_path_factory):
     """`ssd serve --draft <head>`: the launcher hands the target model to the draft service."""
     target, head = folders
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+    config = stack_config(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-eagle"))
     before = live_segments()
     stack = start_stack(config, timeout_s=180)
@@ -127,7 +127,7 @@ def sd_and_ssd_on_a_stack(folders, log_dir, **stack_options):  # noqa: ANN001, A
     from ssd.sampling.params import SamplingParams
 
     target, head = folders
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+    config = stack_config(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=log_dir, **stack_options)
     stack = start_stack(config, timeout_s=180)
     modes = [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD]
@@ -164,9 +164,11 @@ def test_tensor_parallel_target_with_a_remote_head(folders, tmp_path):
 
 
 def test_target_tree_flags_are_checked():
+    from ssd.config import TreeShape
     from ssd.errors import InvalidRequestError
-    from target_service.config import TargetServiceConfig, parse_args
+    from target_service.config import parse_args
 
-    assert parse_args(["--tree-budget", "16", "--tree-topk", "3"]).tree_budget == 16
+    assert parse_args(["--tree-budget", "16", "--tree-topk", "3"]).speculation.tree == TreeShape(16, 4, 3)
+    assert parse_args([]).speculation.tree is None  # chains
     with pytest.raises(InvalidRequestError, match="tree budget"):
-        TargetServiceConfig(tree_budget=-1)
+        parse_args(["--tree-budget", "-1"])

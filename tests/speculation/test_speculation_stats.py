@@ -9,9 +9,9 @@ def test_ratios_are_none_until_counted():
     s.record(4, 2, 3, cache_hit=True, predicted_hit=0.5)
     s.record(4, 0, 1, cache_hit=False)
     s.record_round_time(0.001, 0.003)
-    assert (s.accept_rate, s.tokens_per_round, s.mean_accepted_length) == (0.25, 2.0, 1.0)
+    assert (s.accept_rate, s.tokens_per_round) == (0.25, 2.0)
     assert (s.num_cache_lookups, s.cache_hit_rate, s.tokens_per_round_hit, s.tokens_per_round_miss) == (2, 0.5, 3, 1)
-    assert (s.predicted_hit_rate, s.actual_hit_rate_when_predicted) == (0.5, 1.0)
+    assert s.predicted_hit_rate == 0.5
     assert (s.propose_ms_per_round, s.verify_ms_per_round) == (1.0, 3.0)
     assert s.accepted_per_position == [1, 1]
 
