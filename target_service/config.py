@@ -30,8 +30,8 @@ def remote_speculation(k: int, tree: TreeShape | None, max_num_seqs: int) -> Spe
 
 @dataclass(frozen=True)
 class TargetServiceConfig:
-    # the target's engine (model, dtype, device, threads, KV, batch, step settings); the speculation is set when the
-    # engine is built, from the fields below (a remote draft)
+    # the target's engine (model, dtype, device, threads, KV, batch, step settings); its speculation is `speculation`
+    # below, set when a draft is connected
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(DEFAULT_MODEL, **ENGINE_DEFAULTS))
     address: str = "127.0.0.1:50051"  # host:port to listen on
     metrics_port: int = 0  # Prometheus /metrics over HTTP on this port, on the host of `address`; 0 = off

@@ -55,8 +55,7 @@ class SpecStats:
         self.num_draft_tokens += num_proposed
         self.num_accepted_tokens += num_accepted
         self.num_emitted_tokens += num_emitted
-        while len(self.accepted_per_position) < num_accepted:
-            self.accepted_per_position.append(0)
+        self.accepted_per_position += [0] * (num_accepted - len(self.accepted_per_position))
         for j in range(num_accepted):
             self.accepted_per_position[j] += 1
 

@@ -27,7 +27,6 @@ from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
 from ssd.speculation.speculation import Speculation
-from ssd.speculation.speculation_stats import ratio
 
 RANKED_GUESSES = 16  # guesses ranked per acceptance length, to measure the miss-rate power law
 
@@ -77,18 +76,6 @@ class SsdCounters:
     last_lookup_s: float = 0.0
     last_backup_s: float = 0.0
     last_build_s: float = 0.0
-
-    @property
-    def cache_hit_rate(self) -> float | None:
-        return ratio(self.num_hits, self.num_hits + self.num_misses)
-
-    @property
-    def mean_build_ms(self) -> float | None:
-        return ratio(1e3 * self.build_s, self.num_builds)
-
-    @property
-    def predicted_hit_rate(self) -> float | None:
-        return ratio(self.predicted_hits, self.num_predicted)
 
 
 @dataclass
