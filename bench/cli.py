@@ -8,15 +8,14 @@ from pathlib import Path
 from bench.datasets import load_prompts
 from bench.runner import BenchSettings, by_dataset, run_benchmarks
 from ssd.cli_flags import (
-    add_dtype_flag,
+    STEP_FIELDS,
+    add_config_flags,
     add_speculation_flags,
-    add_step_flags,
-    step_options_from_args,
+    options_from_args,
     tree_from_args,
 )
 from ssd.dtypes import resolve_dtype_name
 from ssd.errors import InvalidRequestError
-from ssd.quant_flags import add_quantization_flag
 
 MODES = ("ar", "sd", "ssd", "hf", "hf-assisted")
 
@@ -66,17 +65,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
     p.add_argument("--batch", type=_int_list, default=[1], help="prompts decoded together (comma list)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    add_dtype_flag(p, whose="the target's")
-    add_quantization_flag(p)
-    p.add_argument("--threads", type=int, default=2)
+    add_config_flags(p, ("dtype", "quantization", "num_threads", "tensor_parallel_size", *STEP_FIELDS),
+                     defaults={"num_threads": 2}, whose="the target's")
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts run first, per mode and batch")
     p.add_argument("--target-core", type=int, default=None,
                    help="pin this process (the target in every mode) to one CPU core, e.g. 0 with --threads 1")
     p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
-    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
-                   help="shard the target over this many CPU ranks (engine modes; --threads threads each)")
-    add_step_flags(p)
-    add_speculation_flags(p)
+    add_speculation_flags(p, ("fan_out_budget", "fan_out", "backup", "saguaro_c"))  # the ones BenchSettings has
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
     p.add_argument("--sweep", type=_sweep, default=None,
@@ -101,12 +96,13 @@ def main(args: argparse.Namespace) -> int:
         batches = sweep[1] if sweep and sweep[0] == "batch" else args.batch
         base = BenchSettings(
             mode=args.mode[0], model=args.model, dataset=dataset, output_len=args.output_len,
-            batch=batches[0], temperature=args.temp, dtype=resolve_dtype_name(args.dtype), threads=args.threads,
+            batch=batches[0], temperature=args.temp, dtype=resolve_dtype_name(args.dtype), threads=args.num_threads,
             warmup=args.warmup,
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
-            tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization, **step_options_from_args(args),
+            tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+            **options_from_args(args, STEP_FIELDS),
         )
         if args.target_core is not None:
             import os

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from bench.datasets import load_conversations
-from ssd.config import SpeculationConfig
+from ssd.config import ProposerChoice, SpeculationConfig
 from ssd.llm import LLM
 from ssd.log_setup import configure_logging
 from ssd.model_store import DEFAULT_DRAFT, DEFAULT_MODEL
@@ -80,7 +80,7 @@ def main() -> None:
             results, report[name + "_draft"] = run_stack_chats(args.model, args.draft, args.dtype, args.k, chats,
                                                                args.max_tokens, caching, block_size=args.block_size)
         else:
-            speculation = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k)
+            speculation = SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k)
             with LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=speculation,
                      enable_prefix_caching=caching, block_size=args.block_size) as llm:
                 results = run_chats(llm, chats, args.max_tokens)

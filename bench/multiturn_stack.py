@@ -16,6 +16,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.local import StackConfig, free_port, start_stack, stop_stack
+from ssd.config import EngineConfig
 
 DRAFT_PREFIX_SERIES = ("ssd:draft_prefix_cache_queries", "ssd:draft_prefix_cache_hits")
 
@@ -57,9 +58,8 @@ def run_stack_chats(model: str, draft: str, dtype: str, k: int, chats: list[list
     from openai import OpenAI
 
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="ssd-multiturn-"))
-    config = StackConfig(model=model, draft=draft, dtype=dtype, k=k, http_port=free_port(), grpc_port=free_port(),
-                         log_dir=log_dir, enable_prefix_caching=prefix_caching,
-                         block_size=block_size)
+    target = EngineConfig(model, dtype=dtype, enable_prefix_caching=prefix_caching, block_size=block_size)
+    config = StackConfig(target, draft=draft, k=k, http_port=free_port(), grpc_port=free_port(), log_dir=log_dir)
     stack = start_stack(config, timeout_s=600)
     try:
         client = OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=600)

@@ -19,10 +19,11 @@ from bench.against import texts_sha256
 from bench.datasets import Prompt
 from bench.hf_baseline import HFGenerator
 from bench.timing import GroupTiming
-from ssd.config import Backup, DecodeMode, FanOut, SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import Backup, DecodeMode, FanOut, ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
+from ssd.speculation.speculation_stats import SpecStats
 
 Runner = Callable[[list[list[int]]], GroupTiming]
 
@@ -53,9 +54,11 @@ class BenchSettings:
     enforce_eager: bool = False
     attention_backend: str = "auto"
 
-    def step_options(self) -> dict[str, object]:
-        return {"compile": self.compile, "enforce_eager": self.enforce_eager,
-                "attention_backend": self.attention_backend}
+    def engine_options(self, max_num_seqs: int) -> dict[str, object]:
+        """The target engine's EngineConfig fields (this record keeps its own names: they are the JSON's keys)."""
+        return {"dtype": self.dtype, "num_threads": self.threads, "max_num_seqs": max_num_seqs,
+                "tensor_parallel_size": self.tensor_parallel_size, "quantization": self.quantization,
+                "compile": self.compile, "enforce_eager": self.enforce_eager, "attention_backend": self.attention_backend}
 
 
 def render_prompts(llm: LLM, prompts: list[Prompt]) -> list[list[int]]:
@@ -74,7 +77,7 @@ def _engine_runner(llm: LLM, params: SamplingParams) -> Runner:
 
 
 def _speculation(s: BenchSettings) -> SpeculationConfig:
-    return SpeculationConfig(draft=s.draft or "ngram", num_speculative_tokens=s.k, tree=s.tree,
+    return SpeculationConfig(ProposerChoice(s.draft or "ngram"), num_speculative_tokens=s.k, tree=s.tree,
                              k_schedule=((max(s.batch, 1), s.k),))
 
 
@@ -96,20 +99,17 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
         time.sleep(0.1)
     if not proposer.is_connected:
         raise InvalidRequestError(f"could not open a session with the draft service (log: {draft.log_path})")
-    speculation = SpeculationConfig(draft=s.draft, num_speculative_tokens=s.k, k_schedule=((max(s.batch, 1), s.k),))
-    llm = LLM(s.model, proposer=proposer, speculation=speculation, dtype=s.dtype, num_threads=s.threads,
-              max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size, quantization=s.quantization,
-              **s.step_options())
+    speculation = SpeculationConfig(ProposerChoice(s.draft), num_speculative_tokens=s.k,
+                                    k_schedule=((max(s.batch, 1), s.k),))
+    llm = LLM(s.model, proposer=proposer, speculation=speculation, **s.engine_options(s.batch))
     return _engine_runner(llm, replace(params, mode=DecodeMode.SSD)), llm
 
 
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
-    opts = dict(dtype=s.dtype, num_threads=s.threads, max_num_seqs=s.batch, tensor_parallel_size=s.tensor_parallel_size,
-                quantization=s.quantization, **s.step_options())
     if s.mode == "ar":
         return _engine_runner(ar, params), ar
     if s.mode == "sd":
-        llm = LLM(s.model, speculation=_speculation(s), **opts)
+        llm = LLM(s.model, speculation=_speculation(s), **s.engine_options(s.batch))
         return _engine_runner(llm, params), llm
     if s.mode == "ssd":
         return _ssd_runner(s, ar, params, closers)
@@ -136,9 +136,7 @@ def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], pr
     a runner (and its model) is built once per setting and reused across the data sets.
     """
     torch.set_num_threads(base.threads)
-    ar = LLM(base.model, dtype=base.dtype, num_threads=base.threads, max_num_seqs=max(batches),
-             tensor_parallel_size=base.tensor_parallel_size, quantization=base.quantization,
-             **base.step_options())
+    ar = LLM(base.model, **base.engine_options(max(batches)))
     encoded = {name: render_prompts(ar, group) for name, group in by_dataset(prompts).items()}
     params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234,
                             draft_temperature=base.draft_temperature)
@@ -194,46 +192,43 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
             "mean_matching_prefix_vs_first": sum(prefix) / len(prefix)}
 
 
-def _counters(llm: LLM | None) -> dict | None:
-    """A snapshot of the engine's speculation counters and, for a remote draft, its SSD timings."""
+Counters = tuple[SpecStats, dict[str, float]]  # the engine's speculation stats, a remote draft's SSD timing sums
+
+
+def _counters(llm: LLM | None) -> Counters | None:
+    """A snapshot of the engine's speculation stats and, for a remote draft, its SSD timings."""
     if llm is None or llm.engine.speculative_decoder is None:
         return None
-    snap = {k: v for k, v in asdict(llm.engine.speculative_decoder.counters).items() if isinstance(v, int | float)}
     timings = getattr(llm.engine.speculative_decoder.proposer, "draft_timings", None)  # RemoteProposer: the draft's own
-    if timings is not None:
-        snap.update({f"draft_{k}": v for k, v in asdict(timings).items() if isinstance(v, int | float)})
-    return snap
+    draft = {k: v for k, v in asdict(timings).items() if isinstance(v, int | float)} if timings is not None else {}
+    return llm.engine.speculative_decoder.counters.snapshot(), draft
 
 
-def _delta(before: dict | None, after: dict | None) -> dict | None:
+def _delta(before: Counters | None, after: Counters | None) -> Counters | None:
     if before is None or after is None:
         return None
-    return {k: after[k] - before.get(k, 0) for k in after}
+    return after[0].since(before[0]), {k: v - before[1].get(k, 0) for k, v in after[1].items()}
 
 
-def spec_summary(d: dict | None) -> dict:
-    """Acceptance, cache and per-round timing numbers from a counter delta (see _counters)."""
-    if not d or not d.get("num_drafts"):
+def spec_summary(delta: Counters | None) -> dict:
+    """The bench JSON's acceptance, cache and per-round timing keys, from a counter delta (see _counters)."""
+    if delta is None or not delta[0].num_drafts:
         return {"tokens_per_round": None, "accept_rate": None}
-    div = lambda a, b: a / b if b else None  # noqa: E731
-    out = {"tokens_per_round": d["num_emitted_tokens"] / d["num_drafts"],
-           "accept_rate": div(d["num_accepted_tokens"], d["num_draft_tokens"]),
-           "verify_ms_per_round": div(1e3 * d["verify_s"], d["num_rounds"]),
-           "propose_ms_per_round": div(1e3 * d["propose_s"], d["num_rounds"])}  # ssd: the lookup round trip
-    lookups = d["num_cache_hits"] + d["num_cache_misses"]
-    if lookups:
-        out.update(cache_hit_rate=d["num_cache_hits"] / lookups,
-                   tokens_per_round_hit=div(d["emitted_after_hit"], d["num_cache_hits"]),
-                   tokens_per_round_miss=div(d["emitted_after_miss"], d["num_cache_misses"]),
-                   predicted_hit_rate=div(d["predicted_hit_sum"], d["num_predicted"]))
+    stats, draft = delta
+    out = {"tokens_per_round": stats.tokens_per_round, "accept_rate": stats.accept_rate,
+           "verify_ms_per_round": stats.verify_ms_per_round,
+           "propose_ms_per_round": stats.propose_ms_per_round}  # ssd: the lookup round trip
+    if stats.num_cache_lookups:
+        out.update(cache_hit_rate=stats.cache_hit_rate, tokens_per_round_hit=stats.tokens_per_round_hit,
+                   tokens_per_round_miss=stats.tokens_per_round_miss, predicted_hit_rate=stats.predicted_hit_rate)
     for key in ("lookup_ms", "backup_ms", "last_build_ms", "build_wait_ms"):  # the draft's, per answer
-        if f"draft_{key}" in d and d.get("draft_num_answers"):
-            out[f"draft_{key.replace('last_', '')}_per_round"] = d[f"draft_{key}"] / d["draft_num_answers"]
+        if key in draft and draft.get("num_answers"):
+            out[f"draft_{key.replace('last_', '')}_per_round"] = draft[key] / draft["num_answers"]
     return out
 
 
 def summarize(s: BenchSettings, encoded: list[list[int]], timings: list[GroupTiming],
-              spec: dict | None = None) -> dict:
+              spec: Counters | None = None) -> dict:
     outputs = [ids for t in timings for ids in t.token_ids]
     num_out = sum(len(ids) for ids in outputs)
     decode_tokens = num_out - len(outputs)  # each sequence's first token belongs to prefill

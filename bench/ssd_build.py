@@ -16,7 +16,7 @@ import time
 import torch
 
 from bench.datasets import load_prompts
-from ssd.config import Backup, SpeculationConfig, SsdConfig
+from ssd.config import Backup, ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from ssd.model_store import DEFAULT_DRAFT, DEFAULT_MODEL
 from ssd.sampling.params import SamplingParams
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    speculation = SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, k_schedule=((64, args.k),),
+    speculation = SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k, k_schedule=((64, args.k),),
                                     ssd=SsdConfig(backup=Backup.NEURAL))
     llm = LLM(args.model, dtype=args.dtype, speculation=speculation)
     overlapped = llm.engine.speculative_decoder.proposer

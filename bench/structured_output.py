@@ -19,7 +19,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.engine import speculative_decoder
 from ssd.llm import LLM
 from ssd.sampling import grammar as grammar_module
@@ -103,10 +103,10 @@ def run_mode(llm: LLM, prompts: list[str], max_tokens: int, grammar: Grammar | N
             ended = time.perf_counter()
             tokens += len(out.token_ids) - 1
             decode_s += ended - began - (out.ttft_s or 0.0)
-            if out.spec:
-                rounds += out.spec["num_drafts"]
-                emitted += round(out.spec["tokens_per_round"] * out.spec["num_drafts"])
-                hits += out.spec.get("cache_hits", 0)
+            if out.spec is not None:
+                rounds += out.spec.num_drafts
+                emitted += out.spec.num_emitted_tokens
+                hits += out.spec.num_cache_hits
             if grammar is not None:
                 try:
                     json.loads(out.text)
@@ -135,10 +135,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     grammar = Grammar("json_schema", json.dumps(SCHEMA))
-    speculations = {"ar": None, "sd_chain": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k),
-                    "sd_tree": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k,
+    speculations = {"ar": None, "sd_chain": SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k),
+                    "sd_tree": SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k,
                                                  tree=TreeShape(budget=args.tree_budget, depth=args.k, top_k=2)),
-                    "ssd_in_process": SpeculationConfig(draft=args.draft, num_speculative_tokens=args.k, ssd=SsdConfig())}
+                    "ssd_in_process": SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k,
+                                                        ssd=SsdConfig())}
     results: dict = {"command": vars(args), "schema": SCHEMA}
     for name, speculation in ((n, speculations[n]) for n in args.modes.split(",")):
         llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, speculation=speculation)

@@ -17,6 +17,7 @@ from openai import OpenAI
 
 from bench.structured_output import SCHEMA, SUBJECTS
 from deploy.local import StackConfig, default_tree_budget, free_port, start_stack, stop_stack
+from ssd.config import EngineConfig
 from ssd.model_store import DEFAULT_DRAFT
 
 
@@ -55,17 +56,17 @@ def main() -> None:
     args = p.parse_args()
     log_dir = Path("out/structured-output-served")
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = StackConfig(model="smollm2-135m-instruct", draft=DEFAULT_DRAFT, dtype="auto",
+    config = StackConfig(EngineConfig("smollm2-135m-instruct"), draft=DEFAULT_DRAFT,
                          tree_budget=default_tree_budget(DEFAULT_DRAFT), http_port=free_port(),
                          grpc_port=free_port(), log_dir=log_dir)
     stack = start_stack(config)
     results: dict = {"command": vars(args), "tree_budget": config.tree_budget}
     try:
         client = OpenAI(base_url=stack.url + "/v1", api_key="local")
-        run(client, config.model, "ar", None, 8)  # warm-up
+        run(client, config.target.model, "ar", None, 8)  # warm-up
         for mode in ("ar", "sd", "ssd"):
             for label, schema in (("free", None), ("json_schema", SCHEMA)):
-                results[f"{mode}/{label}"] = run(client, config.model, mode, schema, args.max_tokens)
+                results[f"{mode}/{label}"] = run(client, config.target.model, mode, schema, args.max_tokens)
                 print(mode, label, results[f"{mode}/{label}"], flush=True)  # noqa: T201 (a benchmark's report)
     finally:
         stop_stack(stack)

@@ -9,29 +9,26 @@ import sys
 import time
 
 from ssd.cli_flags import (
-    add_dtype_flag,
+    add_config_flags,
     add_speculation_flags,
-    add_step_flags,
+    options_from_args,
     speculation_from_args,
-    step_options_from_args,
 )
 from ssd.config import DecodeMode
 from ssd.errors import SSDError
 from ssd.log_setup import configure_logging
-from ssd.quant_flags import add_quantization_flag
+
+# the engine settings `ssd generate` takes (flags generated from ssd/cli_flags.py CONFIG_FLAGS)
+_ENGINE_FIELDS = ("dtype", "quantization", "num_threads", "device", "tensor_parallel_size", "compile",
+                  "enforce_eager", "attention_backend")
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from ssd.model_store import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder or known model name")
-    add_dtype_flag(p, extra_choices=("float16",))
-    add_quantization_flag(p)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N")
-    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
-                   help="shard the model over this many CPU ranks (processes), each on its own cores")
-    add_step_flags(p)
+    add_config_flags(p, _ENGINE_FIELDS, overrides={"dtype": {"choices": ["auto", "float32", "bfloat16", "float16"]},
+                                                   "num_threads": {"help": "torch threads (default: torch's choice)"}})
     _add_offline_flag(p)
 
 
@@ -59,9 +56,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.sampling.params import SamplingParams
 
     speculation = speculation_from_args(args, args.mode)
-    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, device=args.device, speculation=speculation,
-              quantization=args.quantization,
-              tensor_parallel_size=args.tensor_parallel_size, **step_options_from_args(args))
+    llm = LLM(args.model, speculation=speculation, **options_from_args(args, _ENGINE_FIELDS))
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -160,13 +160,14 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 def _start_local(args: argparse.Namespace):  # noqa: ANN202 (deploy.local.Stack | None: grpc only when used)
     """The --local stack (its known models pulled first unless offline); None after one line saying why not."""
     from deploy.local import StackConfig, StackStartError, free_port, start_stack
+    from ssd.config import EngineConfig
     from ssd.fetch import is_offline
 
     log_dir = Path("out/chat-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"starting a local stack (logs in {log_dir}/) ...")
     try:
-        return start_stack(StackConfig(model=args.local_model, draft=args.local_draft, http_port=free_port(),
+        return start_stack(StackConfig(EngineConfig(args.local_model), draft=args.local_draft, http_port=free_port(),
                                        grpc_port=free_port(), log_dir=log_dir,
                                        offline=args.offline or is_offline()))
     except StackStartError as e:

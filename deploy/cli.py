@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpc.tls_files import TlsConfigError, TlsFiles, add_tls_flags, tls_files
-from ssd.cli_flags import add_dtype_flag, add_step_flags
+from ssd.cli_flags import STEP_FIELDS, add_config_flags, options_from_args
+from ssd.config import EngineConfig
 from ssd.fetch import is_offline
 from ssd.model_store import DEFAULT_DRAFT
 from ssd.paths import cache_root
-from ssd.quant_flags import add_quantization_flag
 
 if TYPE_CHECKING:
     from deploy.local import StackConfig  # imports grpc: only when serving
+
+
+SERVE_ENGINE_FIELDS = ("dtype", "quantization", "device", "tensor_parallel_size", *STEP_FIELDS)  # the targets' (drafts: dtype, device)
 
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
@@ -33,18 +36,15 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--model", default="smollm2-135m-instruct", help="target checkpoint folder or known model name")
     s.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="draft service: 'ngram', a draft checkpoint, an EAGLE-3 head folder, or 'none' (ar only)")
-    add_dtype_flag(s, whose="the models'")
-    add_quantization_flag(s)
-    s.add_argument("--device", default="cpu",
-                   help="where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)")
-    add_step_flags(s)
+    add_config_flags(s, SERVE_ENGINE_FIELDS, whose="the models'", overrides={
+        "device": {"help": "where draft and target run: cpu (a core each) or cuda / cuda:N (one GPU node)"},
+        "tensor_parallel_size": {"help": "CPU ranks (processes) each target's model is sharded over, one core each "
+                                 "when there are enough; must divide the model's attention and KV heads (the default "
+                                 "model: 1 or 3)"}})
     s.add_argument("--targets", type=int, default=1, help="target replicas")
     s.add_argument("--drafts", type=_at_least_one, default=1,
                    help="draft services (same --draft each); every target spreads its sequences over the healthy ones "
                         "and moves a dead draft's sequences to another")
-    s.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tensor_parallel_size",
-                   help="CPU ranks (processes) each target's model is sharded over, one core each when there are "
-                        "enough; must divide the model's attention and KV heads (the default model: 1 or 3)")
     s.add_argument("--host", default="127.0.0.1",
                    help="address the gateway listens on (0.0.0.0 inside a container); model services stay on localhost")
     s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
@@ -84,12 +84,9 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
 
     draft = None if args.draft == "none" else args.draft
     tree_budget = default_tree_budget(draft) if args.tree_budget is None else args.tree_budget
-    return StackConfig(model=args.model, draft=draft, dtype=args.dtype, device=args.device, num_targets=args.targets,
-                       num_drafts=args.drafts,
-                       quantization=args.quantization,
-                       tensor_parallel_size=args.tensor_parallel_size, compile=args.compile,
-                       enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
-                       host=args.host, http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
+    target = EngineConfig(args.model, **options_from_args(args, SERVE_ENGINE_FIELDS))
+    return StackConfig(target, draft=draft, num_targets=args.targets, num_drafts=args.drafts, host=args.host,
+                       http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
                        default_mode=args.default_mode, api_key=api_key(args, os.environ),
                        log_dir=args.log_dir or default_log_dir(), tls=_tls(args), metrics_port=args.metrics_port,
                        offline=args.offline or is_offline())

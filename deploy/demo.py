@@ -14,6 +14,7 @@ from pathlib import Path
 from openai import OpenAI
 
 from deploy.local import StackConfig, StackStartError, default_tree_budget, free_port, start_stack, stop_stack
+from ssd.config import EngineConfig
 from ssd.fetch import is_offline
 from ssd.model_store import DEFAULT_DRAFT
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     log_dir = Path("out/demo-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = StackConfig(model="smollm2-135m-instruct", draft=args.draft, dtype="auto",
+    config = StackConfig(EngineConfig("smollm2-135m-instruct"), draft=args.draft,
                          tree_budget=default_tree_budget(args.draft), http_port=free_port(), grpc_port=free_port(),
                          log_dir=log_dir, offline=is_offline())
     modes = modes_for(args.draft)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra = {"mode": mode}
                 if stream:
                     chunks = client.chat.completions.create(
-                        model=config.model, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                        model=config.target.model, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True,
                         stream_options={"include_usage": True}, extra_body=extra)
                     tokens = 0
                     for chunk in chunks:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         if chunk.usage is not None:
                             tokens = chunk.usage.completion_tokens
                 else:
-                    reply = client.chat.completions.create(model=config.model, messages=messages,
+                    reply = client.chat.completions.create(model=config.target.model, messages=messages,
                                                            max_tokens=MAX_TOKENS, temperature=0, extra_body=extra)
                     _print(reply.choices[0].message.content or "")
                     tokens = reply.usage.completion_tokens
@@ -96,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             _print(f"  {mode}: {sum(values) / len(values):.1f} tokens/s (mean of {len(values)})\n")
         _print(f"\n=== structured output: response_format json_schema (server default mode) ===\n{JSON_PROMPT}\n")
         reply = client.chat.completions.create(
-            model=config.model, messages=[{"role": "user", "content": JSON_PROMPT}], max_tokens=64, temperature=0,
+            model=config.target.model, messages=[{"role": "user", "content": JSON_PROMPT}], max_tokens=64, temperature=0,
             response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": JSON_SCHEMA}})
         _print(f"{reply.choices[0].message.content}\n")
         _print(f"\n=== function calling: tools + tool_choice \"required\" ===\n{TOOL_PROMPT}\n")
         reply = client.chat.completions.create(
-            model=config.model, messages=[{"role": "user", "content": TOOL_PROMPT}], max_tokens=64, temperature=0,
+            model=config.target.model, messages=[{"role": "user", "content": TOOL_PROMPT}], max_tokens=64, temperature=0,
             tools=TOOLS, tool_choice="required")
         for call in reply.choices[0].message.tool_calls or []:
             _print(f"{call.function.name}({call.function.arguments})\n")

@@ -28,6 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rpc.server import check_port_free
 from rpc.tls import sync_channel
 from rpc.tls_files import TlsFiles
+from ssd.cli_flags import STEP_FIELDS, config_flag_args
+from ssd.config import EngineConfig
 from ssd.errors import SSDError
 from ssd.fetch import OFFLINE_ENV
 from ssd.model_store import ensure_model
@@ -50,19 +52,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# the targets' engine settings a stack passes on (the service's own defaults for the rest, e.g. 1 thread)
+TARGET_ENGINE_FIELDS = ("dtype", "quantization", "device", "tensor_parallel_size", "enable_prefix_caching",
+                        "block_size", *STEP_FIELDS)
+
+
 @dataclass(frozen=True)
 class StackConfig:
-    model: str  # target checkpoint folder or known name
+    # the targets' engine, passed as their flags (TARGET_ENGINE_FIELDS): model, dtype, quantization, device (cpu: a
+    # core each; cuda / cuda:N: tensors by CUDA IPC), tensor parallel ranks (one core each where there are enough),
+    # step settings, prefix caching, block size. The drafts run on its dtype, device and block size.
+    target: EngineConfig
     draft: str | None = "ngram"  # None = no draft service (ar only)
-    dtype: str = "auto"  # the target's; see ssd/dtypes.py
-    quantization: str = "none"  # the target's linear weights (EngineConfig.quantization)
-    device: str = "cpu"  # where the model services run: cpu (a core each) or cuda / cuda:N (tensors by CUDA IPC)
     num_targets: int = 1
     num_drafts: int = 1  # draft services; every target spreads its sequences over all of them
-    tensor_parallel_size: int = 1  # CPU ranks per target (one core each where there are enough)
-    compile: str = "auto"  # the targets' torch.compile: auto | on | off (ssd/runtime/compile.py)
-    enforce_eager: bool = False
-    attention_backend: str = "auto"
     host: str = "127.0.0.1"  # where the gateway listens (0.0.0.0 in a container); the model services stay local
     http_port: int = 8000
     grpc_port: int = 50050
@@ -76,8 +79,6 @@ class StackConfig:
     metrics_port: int = 0  # model services' /metrics: draft i on port + i, target i on port + num_drafts + i; 0 = free
     tls: TlsFiles = field(default_factory=TlsFiles)  # one certificate for every hop; no files = plaintext
     offline: bool = False  # never pull a model: one not cached fails the start (the children get SSD_OFFLINE=1)
-    enable_prefix_caching: bool = True  # False: the targets get --no-prefix-caching (benchmarks compare both)
-    block_size: int = 16  # tokens per KV block of targets and drafts (the prefix cache's unit)
 
 
 class StackStartError(RuntimeError):
@@ -194,12 +195,11 @@ def start_draft(stack: Stack, core: int | None, port: int | None = None, index: 
         stack.draft_addresses.append(f"127.0.0.1:{port or free_port()}")
     address = stack.draft_addresses[index]
     metrics_port = _metrics_port(c, index)
-    args = ["draft_service", "--draft", c.draft, "--address", address, "--dtype", c.dtype,
-            "--device", c.device, "--threads", "1", "--metrics-port", str(metrics_port), *c.tls.as_args()]
+    args = ["draft_service", "--draft", c.draft, "--address", address, "--threads", "1",
+            *config_flag_args(c.target, ("dtype", "device", "block_size")), "--metrics-port", str(metrics_port),
+            *c.tls.as_args()]
     if c.draft != "ngram":
-        args += ["--target-model", c.model]
-    if c.block_size != 16:
-        args += ["--block-size", str(c.block_size)]
+        args += ["--target-model", c.target.model]
     child = spawn(draft_name(index), args, address, core, c.log_dir, _offline_env(c))
     child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack.children.append(child)
@@ -214,19 +214,10 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
     """A target; with tensor parallelism its ranks pin themselves to one core each of the cores it gets."""
     c = stack.config
     address, metrics_port = f"127.0.0.1:{free_port()}", _metrics_port(c, c.num_drafts + index)
-    args = ["target_service", "--model", c.model, "--address", address, "--replica-id", f"target-{index}",
-            "--metrics-port", str(metrics_port),
-            "--dtype", c.dtype, "--device", c.device, "--threads", "1", "--k", str(c.k),
-            "--tensor-parallel-size", str(c.tensor_parallel_size), "--quantization", c.quantization,
-            "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
-            "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args(),
-            "--compile", c.compile, "--attention-backend", c.attention_backend]
-    if c.enforce_eager:
-        args.append("--enforce-eager")
-    if not c.enable_prefix_caching:
-        args.append("--no-prefix-caching")
-    if c.block_size != 16:
-        args += ["--block-size", str(c.block_size)]
+    args = ["target_service", "--model", c.target.model, "--address", address, "--replica-id", f"target-{index}",
+            "--metrics-port", str(metrics_port), "--threads", "1", *config_flag_args(c.target, TARGET_ENGINE_FIELDS),
+            "--k", str(c.k), "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
+            "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args()]
     for draft_address in stack.draft_addresses:
         args += ["--draft-address", draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir, _offline_env(c))
@@ -301,7 +292,7 @@ def last_error(log_path: Path, start: int = 0) -> str | None:
 def ensure_models(config: StackConfig) -> None:
     """Pull the stack's known models that are not cached yet (unless offline), before any service starts, so
     the services never pull at once. Raises StackStartError, naming the model's role, when one is missing."""
-    roles = [("target model", config.model)]
+    roles = [("target model", config.target.model)]
     if config.draft not in (None, "ngram"):
         roles.append(("draft", config.draft))
     for role, name in roles:
@@ -319,14 +310,14 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(config)
-    cores = _cores() if config.device == "cpu" else []  # on a GPU the services are not pinned
+    cores = _cores() if config.target.device == "cpu" else []  # on a GPU the services are not pinned
     next_core = iter(cores if len(cores) > 1 else [])
     try:
         if config.draft is not None:
             for i in range(config.num_drafts):
                 start_draft(stack, next(next_core, None), index=i)
         for i in range(config.num_targets):
-            start_target(stack, i, _take(next_core, config.tensor_parallel_size))
+            start_target(stack, i, _take(next_core, config.target.tensor_parallel_size))
         start_gateway(stack)
         services = [c for c in stack.children if c.name != "gateway"]
         wait_healthy(services, timeout_s, config.tls)  # over TLS when the stack has it

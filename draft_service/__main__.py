@@ -47,14 +47,14 @@ def session_limits(config: DraftServiceConfig, draft: ServiceDraft) -> SessionLi
     """The config's limits; a sequence's length defaults to the draft model's positions (n-gram: 1 Mi tokens)."""
     return SessionLimits(max_speculative_tokens=config.max_speculative_tokens,
                          max_sequences=config.max_session_sequences,
-                         max_model_len=config.max_model_len or draft.max_model_len or 1 << 20)
+                         max_model_len=config.engine.max_model_len or draft.max_model_len or 1 << 20)
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     configure_service_logging("draft", config.log_level, json=config.log_json)
     require_current_stubs()
-    torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(config.engine.num_threads)
     try:
         check_port_free(config.address)  # before loading the model
         check_metrics_port_free(config.address, config.metrics_port)

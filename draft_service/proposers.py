@@ -47,17 +47,18 @@ class ServiceDraft:
 def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
     if config.draft == "ngram":
         return ServiceDraft(NgramProposer(max_ngram=config.ngram_max), 0)
-    device = torch.device(config.device)
+    device = torch.device(config.engine.device)
     path = ensure_model(config.draft)  # a known model not cached yet is pulled (unless SSD_OFFLINE=1)
-    site = DraftSite(device, 0, config.block_size,  # the target's block size, by default 16
-                     prefix_cache_blocks=config.prefix_cache_blocks, kv_cache_memory_mb=config.kv_cache_memory_mb,
-                     compile=config.compile, enforce_eager=config.enforce_eager,
-                     attention_backend=config.attention_backend)
+    engine = config.engine
+    site = DraftSite(device, 0, engine.block_size,  # the target's block size, by default 16
+                     prefix_cache_blocks=config.prefix_cache_blocks, kv_cache_memory_mb=engine.kv_cache_memory_mb,
+                     compile=engine.compile, enforce_eager=engine.enforce_eager,
+                     attention_backend=engine.attention_backend)
     if is_eagle3_folder(path):
         draft = build_eagle3(path, config, site)
     else:
         model = load_model_config(path)
-        proposer = build_neural_proposer(path, config.dtype, replace(site, vocab_size=model.vocab_size))
+        proposer = build_neural_proposer(path, engine.dtype, replace(site, vocab_size=model.vocab_size))
         draft = ServiceDraft(proposer, model.vocab_size, device=device, grammars=grammar_compiler(path),
                              max_model_len=model.max_position_embeddings)
     ssd = ssd_speculator(draft.proposer, config.ssd, config.ngram_max)
@@ -91,7 +92,7 @@ def build_eagle3(path: Path, config: DraftServiceConfig, site: DraftSite) -> Ser
                               f"{(target_config.vocab_size, target_config.hidden_size)}")
     site = replace(site, vocab_size=target_config.vocab_size, target_config=target_config,
                    target_embedding=lambda: embedding)
-    proposer = build_neural_proposer(path, config.dtype, site)
+    proposer = build_neural_proposer(path, config.engine.dtype, site)
     log.info("EAGLE-3 head loaded", head=str(path), target=str(target), feature_layers=proposer.feature_layers)
     width = len(proposer.feature_layers) * target_config.hidden_size  # concatenated target layers
     return ServiceDraft(proposer, target_config.vocab_size, width, device=site.device,

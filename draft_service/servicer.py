@@ -21,7 +21,7 @@ from draft_service.proposers import ServiceDraft
 from draft_service.round_screen import screen
 from draft_service.session import RoundResult, Session
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from ssd.speculation.metrics import SpecCounters
+from ssd.speculation.speculation_stats import SpecStats
 from ssd.speculation.speculator_worker import SpeculatorWorker
 
 log = structlog.get_logger(__name__)
@@ -37,7 +37,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         self.vocab_size = draft.vocab_size
         self.feature_layers = list(draft.proposer.feature_layers)  # target layers the draft needs features of
         self.sessions: dict[str, Session] = {}
-        self.counters = SpecCounters()  # rounds and draft tokens proposed (acceptance is the target's)
+        self.counters = SpecStats()  # rounds and draft tokens proposed (acceptance is the target's)
         self.worker = SpeculatorWorker("proposer")
 
     async def _in_worker(self, fn, *args):  # noqa: ANN001, ANN202 - thin hop onto the worker thread

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import structlog
 
-from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
+from ssd.cli_flags import STEP_FIELDS, add_config_flags, options_from_args
+from ssd.config import EngineConfig
 from ssd.errors import InvalidRequestError
 
 log = structlog.get_logger(__name__)
+EVAL_ENGINE_FIELDS = ("dtype", "num_threads", *STEP_FIELDS)  # the target engine of eval-draft
 
 
 def _resolve(name: str) -> str:
@@ -26,7 +28,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from draft_training.corpus import CorpusConfig, generate_corpus_data
     from draft_training.data_gen import DataConfig, generate_data
 
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    torch.set_num_threads(args.num_threads or torch.get_num_threads())
     started = time.perf_counter()
     out = Path(args.out)
     from ssd.paths import cache_root
@@ -37,7 +39,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         target=_resolve(args.target), seed=args.seed, num_chat=args.num_chat, num_code_stubs=args.num_code_stubs,
         num_code_chat=args.num_code_chat, num_docs=args.num_docs, num_tasks=args.num_tasks,
         max_new_tokens=args.max_new_tokens,
-        top_k=args.top_k, dtype=args.dtype, num_threads=args.threads, max_shards=args.max_data_shards,
+        top_k=args.top_k, dtype=args.dtype, num_threads=args.num_threads, max_shards=args.max_data_shards,
         aux_layers=args.aux_layers,
     )
     aux_layers = data.resolved_aux_layers()  # checked against the target's depth before any work starts
@@ -99,9 +101,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from draft_training.evaluate import EvalConfig, HeldOutPrompt, evaluate_head, format_report
 
     prompts = [HeldOutPrompt(p.dataset, p.text, p.is_chat) for p in load_prompts("all", args.num_prompts)]
-    config = EvalConfig(target=_resolve(args.target), draft=args.draft, num_prompts=args.num_prompts,
-                        max_new_tokens=args.max_new_tokens, tree_budget=args.tree_budget, dtype=args.dtype,
-                        num_threads=args.threads, **step_options_from_args(args))
+    engine = EngineConfig(_resolve(args.target), **options_from_args(args, EVAL_ENGINE_FIELDS))
+    config = EvalConfig(engine, draft=args.draft, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                        tree_budget=args.tree_budget)
     report = evaluate_head(config, prompts)
     text = format_report(report)
     print(text)
@@ -160,8 +162,7 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--aux-layers", type=_aux_layers, default=None, metavar="A,B,C",
                    help="the three target layers whose entering residual stream the head reads; default 2,L/2,L-3")
     t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")
-    add_dtype_flag(t, whose="the target's (for the data)")
-    t.add_argument("--threads", type=int, default=None)
+    add_config_flags(t, ("dtype", "num_threads"), whose="the target's (for the data)")
     t.add_argument("--epochs", type=float, default=8.0)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-tokens", type=int, default=512)
@@ -186,9 +187,7 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--num-prompts", type=int, default=16, help="per data set")
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--tree-budget", type=int, default=16, help="draft tokens in the token tree")
-    add_dtype_flag(e, whose="the target's")
-    add_step_flags(e)
-    e.add_argument("--threads", type=int, default=None)
+    add_config_flags(e, EVAL_ENGINE_FIELDS, whose="the target's")
     e.add_argument("--json", default=None, help="also write the report as JSON here")
     e.add_argument("--write-card", action="store_true",
                    help="render MODEL_CARD.md into the draft folder from its train_summary.json and this report")

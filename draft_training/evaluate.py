@@ -7,7 +7,7 @@ head has read true features for positions 0..n-1, drafts K tokens (self-conditio
 the longest prefix equal to x_{n+1}.. is accepted; the round yields accepted + 1 tokens and n advances by that.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from draft_training.chain_sim import ChainStats, simulate_chain, teacher_forced_hits, temperature_rounds
 from draft_training.target_features import TargetFeatureExtractor
 from draft_training.tree_sim import simulate_tree
+from ssd.config import EngineConfig
 from ssd.dtypes import parse_dtype
 from ssd.loader.eagle3_checkpoint import load_eagle3_config, load_eagle3_head
 
@@ -26,7 +27,7 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class EvalConfig:
-    target: str  # target checkpoint folder
+    engine: EngineConfig  # the target's (model = its checkpoint folder; the head runs in float32)
     draft: str  # EAGLE-3 head folder
     num_prompts: int = 16  # per data set
     max_new_tokens: int = 128
@@ -35,11 +36,6 @@ class EvalConfig:
     tree_branching: int = 2  # children considered per expanded node
     temperature: float = 0.7  # for the expected-acceptance estimate
     temperature_k: int = 5
-    dtype: str = "auto"  # the target's dtype (the head runs in float32); auto: see ssd/dtypes.py
-    num_threads: int | None = None
-    attention_backend: str = "auto"  # the target engine's step options (EngineConfig)
-    compile: str = "auto"
-    enforce_eager: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,8 +60,8 @@ def build_traces(config: EvalConfig, prompts: list[HeldOutPrompt], extractor: Ta
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
-    llm = LLM(config.target, dtype=config.dtype, num_threads=config.num_threads, max_num_seqs=len(prompts),
-              attention_backend=config.attention_backend, compile=config.compile, enforce_eager=config.enforce_eager)
+    options = {f.name: getattr(config.engine, f.name) for f in fields(config.engine)}
+    llm = LLM(**{**options, "max_num_seqs": len(prompts)})  # one batch of every prompt
     encoded = [llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": p.text}]) if p.is_chat else p.text)
                for p in prompts]
     outputs = llm.generate(encoded, SamplingParams(temperature=0.0, max_tokens=config.max_new_tokens), use_tqdm=True)
@@ -79,10 +75,11 @@ def build_traces(config: EvalConfig, prompts: list[HeldOutPrompt], extractor: Ta
 
 def evaluate_head(config: EvalConfig, prompts: list[HeldOutPrompt]) -> dict[str, Any]:
     """Simulate chains K = 1..max_k, a token tree, and the temperature estimate; return the report."""
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    if config.engine.num_threads:
+        torch.set_num_threads(config.engine.num_threads)
     draft_config = load_eagle3_config(Path(config.draft))
-    extractor = TargetFeatureExtractor(Path(config.target), parse_dtype(config.dtype), draft_config.aux_layers)
+    extractor = TargetFeatureExtractor(Path(config.engine.model), parse_dtype(config.engine.dtype),
+                                       draft_config.aux_layers)
     head = load_eagle3_head(Path(config.draft), extractor.embedding.float(), torch.float32)
     traces = build_traces(config, prompts, extractor)
     report: dict[str, Any] = {"num_sequences": len(traces), "num_generated_tokens":

@@ -99,15 +99,26 @@ class SsdConfig:
 
 
 @dataclass(frozen=True)
-class SpeculationConfig:
+class ProposerChoice:
+    """Which proposer drafts, apart from how much it speculates (SpeculationConfig)."""
+
     draft: str  # "ngram", a draft checkpoint folder / known model name, or an EAGLE-3 head folder
+    draft_dtype: str | None = None  # None = the target's dtype
+    ngram_max: int = 3  # n-gram proposer: longest tail matched (also the SSD fast backup)
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.draft == "ngram"
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    proposer: ProposerChoice  # who drafts; the fields below say how much, in what shape
     num_speculative_tokens: int = 4  # lookahead K (for a tree: its depth limit)
     tree: TreeShape | None = None  # None = chain speculation
     # (max batch size, K) pairs in increasing batch order; above the last pair K is 0 (plain decoding).
     # None = K up to batch 4, K // 2 up to batch 16, then off.
     k_schedule: tuple[tuple[int, int], ...] | None = None
-    draft_dtype: str | None = None  # None = the target's dtype
-    ngram_max: int = 3  # n-gram proposer: longest tail matched
     ssd: SsdConfig | None = None  # None = synchronous SD; set = SSD (needs a neural draft, chains only)
 
     def __post_init__(self) -> None:
@@ -116,7 +127,7 @@ class SpeculationConfig:
             raise InvalidRequestError(f"lookahead K must be an integer in [0, {MAX_LOOKAHEAD}], got {k!r}")
         if self.ssd is not None and self.tree is not None:
             raise InvalidRequestError("SSD speculates chains; drop the token tree or use sd")
-        if self.ssd is not None and self.draft == "ngram":
+        if self.ssd is not None and self.proposer.is_ngram:
             raise InvalidRequestError("SSD needs a neural draft (a draft model or an EAGLE-3 head), not n-gram lookup")
         for batch, kk in self.k_schedule or ():
             if batch < 1 or not 0 <= kk <= MAX_LOOKAHEAD:
@@ -182,26 +193,19 @@ class EngineConfig:
             raise InvalidRequestError("prefill_chunk_tokens must be 0 (off) or >= 2")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        if self.linear_backend not in ("onednn", "torch"):
-            raise InvalidRequestError(f"linear_backend must be 'onednn' or 'torch', got {self.linear_backend!r}")
+        for name, choices in (("dtype", DTYPE_CHOICES), ("linear_backend", ("onednn", "torch")),
+                              ("tensor_parallel_collectives", ("auto", "gloo")),
+                              ("attention_backend", ATTENTION_BACKENDS), ("compile", COMPILE_MODES)):
+            if getattr(self, name) not in choices:
+                raise InvalidRequestError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidRequestError(f"num_threads must be >= 1, got {self.num_threads}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise InvalidRequestError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
-        if self.tensor_parallel_collectives not in ("auto", "gloo"):
-            raise InvalidRequestError(
-                f"tensor_parallel_collectives must be 'auto' or 'gloo', got {self.tensor_parallel_collectives!r}")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise InvalidRequestError("tensor parallelism runs on CPU ranks only so far (gloo); use --device cpu")
         if not QUANTIZATION_PATTERN.fullmatch(self.quantization):
             raise InvalidRequestError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} "
                                       f"(int4 also int4:32 .. int4:256), got {self.quantization!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise InvalidRequestError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
-                                      f"{self.attention_backend!r}")
-        if self.compile not in COMPILE_MODES:
-            raise InvalidRequestError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise InvalidRequestError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -15,6 +15,7 @@ from ssd.model_store import DEFAULT_MODEL
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from ssd.speculation.proposer import Proposer
+from ssd.speculation.speculation_stats import SpecStats
 from ssd.tokenizer import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]
@@ -31,7 +32,7 @@ class RequestOutput:
     num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     ttft_s: float | None = None  # time to first token
     latency_s: float | None = None  # time to the last token
-    spec: dict | None = None  # speculation summary (drafts, accepted, tokens per round), when speculating
+    spec: SpecStats | None = None  # speculation statistics (drafts, accepted, tokens per round), when speculating
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
     prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first (params.prompt_logprobs)
 

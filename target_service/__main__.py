@@ -14,7 +14,7 @@ from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, HostedService, PortInUseError, check_port_free
 from rpc.tls_files import TlsConfigError
-from ssd.config import DecodeMode, EngineConfig, SpeculationConfig, TreeShape
+from ssd.config import DecodeMode
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import SSDError
@@ -31,29 +31,20 @@ log = structlog.get_logger(__name__)
 
 
 def build_engine(config: TargetServiceConfig) -> tuple[LLMEngine, RemoteProposer | None]:
-    ensure_model(config.model)  # a known model not cached yet is pulled first (unless SSD_OFFLINE=1)
-    engine_config = EngineConfig(
-        model=config.model, dtype=config.dtype, quantization=config.quantization, device=config.device, kv_cache_memory_mb=config.kv_cache_memory_mb,
-        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, num_threads=config.num_threads,
-        tensor_parallel_size=config.tensor_parallel_size, prefill_chunk_tokens=config.prefill_chunk_tokens,
-        compile=config.compile, enforce_eager=config.enforce_eager, attention_backend=config.attention_backend,
-        enable_prefix_caching=config.enable_prefix_caching, block_size=config.block_size)
+    engine_config = config.engine
+    ensure_model(engine_config.model)  # a known model not cached yet is pulled first (unless SSD_OFFLINE=1)
     if not config.draft_addresses:
         return LLMEngine(engine_config), None
-    k = config.num_speculative_tokens
-    tree = TreeShape(budget=config.tree_budget, depth=k, top_k=config.tree_top_k) if config.tree_budget else None
-    speculation = SpeculationConfig(draft="remote", num_speculative_tokens=k, tree=tree,
-                                    k_schedule=((config.max_num_seqs, k),))
-    vocab_size = load_model_config(resolve_model(config.model)).vocab_size
+    vocab_size = load_model_config(resolve_model(engine_config.model)).vocab_size
     feature_layers = config.draft_feature_layers  # the engine computes them from the prompt on: known now
     if feature_layers is None:
         feature_layers = fetch_feature_layers(list(config.draft_addresses), config.draft_info_timeout_s, config.tls)
     proposer = RemoteProposer(list(config.draft_addresses), config.replica_id, vocab_size, config.draft_timeout_s,
                               config.reconnect_interval_s, feature_layers,
                               offer_shared_memory=config.tensor_transport == "auto",
-                              device=torch.device(config.device), tls=config.tls)
-    engine = LLMEngine(dataclasses.replace(engine_config, speculation=speculation), proposer=proposer)
-    if config.device == "cpu" and config.default_mode is not DecodeMode.AR and not cpu_has_fast_bfloat16():
+                              device=torch.device(engine_config.device), tls=config.tls)
+    engine = LLMEngine(dataclasses.replace(engine_config, speculation=config.speculation), proposer=proposer)
+    if engine_config.device == "cpu" and config.default_mode is not DecodeMode.AR and not cpu_has_fast_bfloat16():
         log.warning("this CPU has no native bfloat16 matmuls: verifying K+1 positions costs ~2x a decode step "
                     "here, and speculation measured slower than plain decoding (README, 'Speculation depends on "
                     "the CPU'); consider --default-mode ar", default_mode=config.default_mode)
@@ -67,7 +58,7 @@ async def serve(config: TargetServiceConfig) -> None:
     if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
         threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     dead = asyncio.Event()
-    admission = AdmissionLimits(config.max_num_seqs + config.max_waiting_seqs, config.max_queued_tokens)
+    admission = AdmissionLimits(config.engine.max_num_seqs + config.max_waiting_seqs, config.max_queued_tokens)
     engine_loop = EngineLoop(engine, asyncio.get_running_loop(), on_dead=dead.set, admission=admission)
     servicer = VerifierServicer(config, engine_loop, proposer)
     service = HostedService("ssd.v1.Verifier", servicer, target_pb2_grpc.add_VerifierServicer_to_server)
@@ -78,7 +69,7 @@ async def serve(config: TargetServiceConfig) -> None:
         await dead.wait()
         server.request_stop()
 
-    metrics = start_metrics_server(build_registry(engine_loop, config.model, config.num_speculative_tokens,
+    metrics = start_metrics_server(build_registry(engine_loop, config.engine.model, config.speculation.num_speculative_tokens,
                                                   lambda: proposer is not None and proposer.is_connected),
                                    config.address, config.metrics_port)
     watcher = asyncio.create_task(stop_when_dead())
@@ -105,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(serve(config))
     except (PortInUseError, TlsConfigError, SSDError) as e:  # one clear line, exit status 2 (a supervisor sees it)
-        log.error("cannot start the target", address=config.address, model=config.model, error=str(e))
+        log.error("cannot start the target", address=config.address, model=config.engine.model, error=str(e))
         raise SystemExit(2) from e
 
 

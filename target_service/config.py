@@ -7,37 +7,36 @@ from dataclasses import dataclass, field
 
 from rpc.metrics_http import add_metrics_port_flag
 from rpc.tls_files import TlsFiles, add_tls_flags, tls_from_args
-from ssd.cli_flags import add_dtype_flag, add_step_flags, step_options_from_args
-from ssd.config import DEVICE_PATTERN, MAX_TREE_BUDGET, DecodeMode, parse_enum
+from ssd.cli_flags import STEP_FIELDS, add_config_flags, options_from_args
+from ssd.config import DecodeMode, EngineConfig, ProposerChoice, SpeculationConfig, TreeShape, parse_enum
 from ssd.errors import InvalidRequestError
 from ssd.model_store import DEFAULT_MODEL
-from ssd.quant_flags import add_quantization_flag
+
+# the engine settings the service takes as flags (generated from ssd/cli_flags.py CONFIG_FLAGS, SSD_TARGET_* defaults)
+ENGINE_FIELDS = ("dtype", "quantization", "device", "num_threads", "tensor_parallel_size", "kv_cache_memory_mb",
+                 "max_num_seqs", "prefill_chunk_tokens", "max_model_len", "block_size", "enable_prefix_caching",
+                 *STEP_FIELDS)
+ENGINE_DEFAULTS = {"num_threads": 1, "kv_cache_memory_mb": 512}  # where the service's defaults are not the engine's
+
+
+def remote_speculation(k: int, tree: TreeShape | None, max_num_seqs: int) -> SpeculationConfig:
+    """The speculation of a target whose proposals come from draft services: K at every batch size."""
+    return SpeculationConfig(ProposerChoice("remote"), num_speculative_tokens=k, tree=tree,
+                             k_schedule=((max_num_seqs, k),))
 
 
 @dataclass(frozen=True)
 class TargetServiceConfig:
-    model: str = DEFAULT_MODEL  # checkpoint folder or known model name
+    # the target's engine (model, dtype, device, threads, KV, batch, step settings); its speculation is `speculation`
+    # below, set when a draft is connected
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(DEFAULT_MODEL, **ENGINE_DEFAULTS))
     address: str = "127.0.0.1:50051"  # host:port to listen on
     metrics_port: int = 0  # Prometheus /metrics over HTTP on this port, on the host of `address`; 0 = off
     replica_id: str = "target-0"  # names this replica in logs and on the draft session
-    dtype: str = "auto"  # bfloat16 where the device runs it natively, else float32 (ssd/dtypes.py)
-    quantization: str = "none"  # the linear weights (EngineConfig.quantization)
-    device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the model runs
-    num_threads: int = 1  # torch intra-op threads (per tensor-parallel rank)
-    tensor_parallel_size: int = 1  # ranks the model is sharded over (worker processes of this service)
-    compile: str = "auto"  # torch.compile of the model forward: auto | on | off (ssd/runtime/compile.py)
-    enforce_eager: bool = False  # no compile, no CUDA graphs
-    attention_backend: str = "auto"  # auto | torch | triton | flash-attn (ssd/layers/attention_backend.py)
-    prefill_chunk_tokens: int = 256  # a new prompt's tokens per step while others decode (0 = whole first)
-    kv_cache_memory_mb: int = 512
-    enable_prefix_caching: bool = True  # reuse the KV (and a draft's state) of shared prompt blocks
-    block_size: int = 16  # tokens per KV block (the prefix cache's unit; give a head's draft the same)
-    max_num_seqs: int = 16
-    max_model_len: int | None = None
     draft_addresses: tuple[str, ...] = ()  # the draft services (sequences spread over them); () = every request ar
-    num_speculative_tokens: int = 4  # lookahead K (a tree's depth)
-    tree_budget: int = 0  # sd requests: draft nodes per token tree; 0 = chains (ssd requests always speculate chains)
-    tree_top_k: int = 2  # children tried per expanded tree node
+    # how requests speculate once a draft is connected: K (a tree's depth), sd requests' token tree (None = chains;
+    # ssd requests always speculate chains), K at every batch size up to max_num_seqs; proposals come from the drafts
+    speculation: SpeculationConfig = field(default_factory=lambda: remote_speculation(4, None, 16))
     default_mode: DecodeMode = DecodeMode.SD  # mode of requests that name none (sd and ssd need a draft)
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
@@ -62,16 +61,11 @@ class TargetServiceConfig:
             raise InvalidRequestError(f"metrics port must be in [0, 65535] (0 = off), got {self.metrics_port}")
         if self.max_waiting_seqs < 0 or self.max_queued_tokens < 1:
             raise InvalidRequestError("max waiting sequences must be >= 0 and max queued tokens >= 1")
-        if not DEVICE_PATTERN.fullmatch(self.device):
-            raise InvalidRequestError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.tensor_transport not in ("auto", "inline"):
             raise InvalidRequestError(f"tensor transport must be 'auto' or 'inline', got {self.tensor_transport!r}")
         object.__setattr__(self, "default_mode", parse_enum(DecodeMode, self.default_mode, "default mode"))
-        if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0 or self.num_threads < 1:
-            raise InvalidRequestError("draft timeouts must be > 0 and threads >= 1")
-        if not 0 <= self.tree_budget <= MAX_TREE_BUDGET or self.tree_top_k < 1:
-            raise InvalidRequestError(f"tree budget must be in [0, {MAX_TREE_BUDGET}] (0 = chains) and tree top-k "
-                                      f">= 1, got {self.tree_budget} / {self.tree_top_k}")
+        if self.draft_timeout_s <= 0 or self.draft_info_timeout_s <= 0:
+            raise InvalidRequestError("draft timeouts must be > 0")
         if self.draft_feature_layers is not None and any(layer < 0 for layer in self.draft_feature_layers):
             raise InvalidRequestError(f"feature layers must be >= 0, got {self.draft_feature_layers}")
 
@@ -102,25 +96,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--address", default=env.get("SSD_TARGET_ADDRESS", "127.0.0.1:50051"))
     p.add_argument("--replica-id", default=env.get("SSD_TARGET_REPLICA", "target-0"))
     add_metrics_port_flag(p, env, "SSD_TARGET_METRICS_PORT")
-    add_dtype_flag(p, default=env.get("SSD_TARGET_DTYPE", "auto"), whose="the target's")
-    add_quantization_flag(p, default=env.get("SSD_TARGET_QUANTIZATION", "none"), whose="the model's")
-    p.add_argument("--device", default=env.get("SSD_TARGET_DEVICE", "cpu"),
-                   help="where the model runs: cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=int(env.get("SSD_TARGET_THREADS", "1")))
-    p.add_argument("--tensor-parallel-size", "--tp", type=int, dest="tensor_parallel_size",
-                   default=int(env.get("SSD_TARGET_TENSOR_PARALLEL_SIZE", "1")),
-                   help="shard the model over this many CPU ranks (worker processes of this service; each gets "
-                        "--threads threads and its own cores when the service has enough)")
-    p.add_argument("--kv-cache-mb", type=int, default=int(env.get("SSD_TARGET_KV_MB", "512")))
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--prefill-chunk-tokens", type=int, default=int(env.get("SSD_TARGET_PREFILL_CHUNK", "256")),
-                   help="while requests decode, feed a new prompt this many tokens per step, the decoding requests "
-                        "stepping in between (0 = whole prompts first)")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16,
-                   help="tokens per KV block, the prefix cache's unit (an EAGLE-3 draft service: the same value)")
-    p.add_argument("--no-prefix-caching", action="store_true",
-                   help="compute every prompt token's KV (no reuse of shared prompt blocks; for comparisons)")
+    add_config_flags(p, ENGINE_FIELDS, ENGINE_DEFAULTS, whose="the target's", env=("SSD_TARGET_", env))
     p.add_argument("--draft-address", action="append", dest="draft_addresses", default=None,
                    help="host:port of a draft service; repeat it for several drafts (sequences spread over the "
                         "healthy ones, least loaded first; a dead draft's sequences move to another); default: "
@@ -143,7 +119,6 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
                    choices=["auto", "inline"],
                    help="tensors to / from the draft: CUDA IPC (both on one GPU node) or shared memory (one node), "
                         "else inline; or always inline")
-    add_step_flags(p, compile_default=env.get("SSD_TARGET_COMPILE", "auto"))
     p.add_argument("--log-level", default=env.get("SSD_LOG_LEVEL", "info"))
     p.add_argument("--log-text", action="store_true", help="human-readable logs instead of JSON")
     p.add_argument("--max-waiting-seqs", type=int, default=int(env.get("SSD_TARGET_MAX_WAITING_SEQS", "64")),
@@ -153,15 +128,12 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     add_tls_flags(p, env)
     a = p.parse_args(argv)
     return TargetServiceConfig(
+        engine=EngineConfig(a.model, **options_from_args(a, ENGINE_FIELDS)),
         max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
-        model=a.model, address=a.address, metrics_port=a.metrics_port, replica_id=a.replica_id, dtype=a.dtype,
-        device=a.device,
-        quantization=a.quantization,
-        num_threads=a.threads, tensor_parallel_size=a.tensor_parallel_size, **step_options_from_args(a),
-        prefill_chunk_tokens=a.prefill_chunk_tokens,
-        kv_cache_memory_mb=a.kv_cache_mb, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
-        enable_prefix_caching=not a.no_prefix_caching, block_size=a.block_size,
-        draft_addresses=draft_addresses(a.draft_addresses, env), num_speculative_tokens=a.k, default_mode=a.default_mode,
-        tree_budget=a.tree_budget, tree_top_k=a.tree_topk,
+        address=a.address, metrics_port=a.metrics_port, replica_id=a.replica_id,
+        draft_addresses=draft_addresses(a.draft_addresses, env), default_mode=a.default_mode,
+        speculation=remote_speculation(a.k, TreeShape(a.tree_budget, a.k, a.tree_topk) if a.tree_budget else None,
+                                       a.max_num_seqs),
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,
-        draft_info_timeout_s=a.draft_info_timeout_s, tensor_transport=a.tensor_transport, log_level=a.log_level, log_json=not a.log_text)
+        draft_info_timeout_s=a.draft_info_timeout_s, tensor_transport=a.tensor_transport, log_level=a.log_level,
+        log_json=not a.log_text)

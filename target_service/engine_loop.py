@@ -6,7 +6,6 @@ asyncio queues with one call_soon_threadsafe per step. Load is published as an i
 """
 
 import asyncio
-import dataclasses
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -17,7 +16,7 @@ import structlog
 from ssd.engine.llm_engine import LLMEngine, StepOutput
 from ssd.errors import EngineDeadError
 from ssd.sampling.params import SamplingParams
-from ssd.speculation.metrics import SpecCounters
+from ssd.speculation.speculation_stats import SpecStats
 from target_service.admission import AdmissionLimits, check_admission
 
 log = structlog.get_logger(__name__)
@@ -38,7 +37,7 @@ class LoadSnapshot:
     num_prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache at admission, ever
     num_prefix_hit_tokens: int = 0  # of those, tokens whose KV the prefix cache served
     num_preemptions: int = 0
-    spec: SpecCounters | None = None  # a copy of the engine-wide speculation counters (metrics read it)
+    spec: SpecStats | None = None  # a copy of the engine-wide speculation counters (metrics read it)
 
 
 class EngineLoop:
@@ -151,7 +150,7 @@ class EngineLoop:
             num_cache_hits=c.num_cache_hits if c else 0, num_cache_misses=c.num_cache_misses if c else 0,
             num_prefix_queried_tokens=e.scheduler.num_prefix_queried_tokens,
             num_prefix_hit_tokens=e.scheduler.num_prefix_hit_tokens, num_preemptions=e.scheduler.num_preemptions,
-            spec=dataclasses.replace(c, accepted_per_position=list(c.accepted_per_position)) if c else None)
+            spec=c.snapshot() if c else None)
 
 
 def _settle(future: asyncio.Future, value: object, error: Exception | None) -> None:

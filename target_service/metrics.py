@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rpc.metrics_http import ENGINE_INDEX, METRICS_LABELS
-from ssd.speculation.metrics import SpecCounters
+from ssd.speculation.speculation_stats import SpecStats
 from target_service.engine_loop import EngineLoop, LoadSnapshot
 
 
@@ -37,7 +37,7 @@ class _EngineCollector:
     def collect(self) -> Iterator[Metric]:
         s = self.engine_loop.load
         yield from self._scheduler(s)
-        spec = s.spec if s.spec is not None else SpecCounters()
+        spec = s.spec if s.spec is not None else SpecStats()
         yield from self._spec_decode(spec)
         yield from self._ssd(spec)
         yield self._gauge("ssd:draft_connected", "1 while the target's draft session is up", self.is_draft_connected())
@@ -58,7 +58,7 @@ class _EngineCollector:
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                             s.num_preemptions)
 
-    def _spec_decode(self, c: SpecCounters) -> Iterator[Metric]:
+    def _spec_decode(self, c: SpecStats) -> Iterator[Metric]:
         yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c.num_drafts)
         yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c.num_draft_tokens)
         yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
@@ -70,7 +70,7 @@ class _EngineCollector:
             per_pos.add_metric([*self.labels, str(pos)], accepted[pos] if pos < len(accepted) else 0)
         yield per_pos
 
-    def _ssd(self, c: SpecCounters) -> Iterator[Metric]:
+    def _ssd(self, c: SpecStats) -> Iterator[Metric]:
         yield self._counter("ssd:spec_decode_cache_hits",
                             "SSD speculations verified that the draft answered from its speculation cache",
                             c.num_cache_hits)

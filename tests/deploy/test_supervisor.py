@@ -10,12 +10,13 @@ from structlog.testing import capture_logs
 from deploy.cli import add_serve_command, api_key, banner, masked
 from deploy.local import Stack, StackConfig, spawn, stop_child
 from deploy.supervisor import RestartPolicy, Supervisor
+from ssd.config import EngineConfig
 
 SLEEPER = ["timeit", "-n", "1", "-r", "1", "import time; time.sleep(60)"]  # a child that lives until killed
 
 
 def test_an_exited_child_is_restarted_after_its_backoff_on_the_same_address():
-    stack = Stack(StackConfig(model="m"))
+    stack = Stack(StackConfig(EngineConfig("m")))
     child = spawn("draft", SLEEPER, "127.0.0.1:1", None, None)
     stack.children.append(child)
     supervisor = Supervisor(stack, RestartPolicy(initial_backoff_s=1.0, max_backoff_s=4.0, healthy_after_s=60.0))
@@ -42,7 +43,7 @@ def test_an_exited_child_is_restarted_after_its_backoff_on_the_same_address():
 
 
 def test_backoff_doubles_to_its_cap():
-    stack = Stack(StackConfig(model="m"))
+    stack = Stack(StackConfig(EngineConfig("m")))
     supervisor = Supervisor(stack, RestartPolicy(initial_backoff_s=0.5, max_backoff_s=4.0))
     child = type("C", (), {"name": "x"})()
     waits = []

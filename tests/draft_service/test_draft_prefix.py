@@ -5,7 +5,7 @@ and drafts the same once it gets every feature."""
 import pytest
 import torch
 
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.session import Session
 from protos.ssd.v1 import draft_pb2
@@ -23,7 +23,7 @@ def folders(tmp_path_factory):
 
 def _session(folders, cache_blocks: int = 64) -> Session:
     target, head = folders
-    draft = build_service_proposer(DraftServiceConfig(draft=str(head), target_model=str(target), block_size=4,
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(head), block_size=4), target_model=str(target),
                                                       prefix_cache_blocks=cache_blocks))
     return Session(draft.proposer, "test", draft.feature_width)
 
@@ -77,7 +77,7 @@ def test_the_draft_metrics_count_prefix_queries_and_hits(folders):
     from tests.draft_service.test_metrics import scrape
 
     target, head = folders
-    draft = build_service_proposer(DraftServiceConfig(draft=str(head), target_model=str(target), block_size=4))
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(head), block_size=4), target_model=str(target)))
     servicer = SpeculatorServicer(draft, "head")
     try:
         session = Session(draft.proposer, "test", draft.feature_width)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.session import Session
 from protos.ssd.v1 import common_pb2, draft_pb2
@@ -27,7 +27,7 @@ def folders(tmp_path_factory):
 @pytest.fixture
 def session(folders):
     target, head = folders
-    draft = build_service_proposer(DraftServiceConfig(draft=str(head), target_model=str(target)))
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(head)), target_model=str(target)))
     return Session(draft.proposer, "test", draft.feature_width)
 
 
@@ -94,8 +94,8 @@ def test_malformed_features_are_a_sequence_error(session):
 def test_eagle_head_needs_a_matching_target_model(folders, tmp_path):
     target, head = folders
     with pytest.raises(InvalidRequestError, match="--target-model"):
-        build_service_proposer(DraftServiceConfig(draft=str(head)))
+        build_service_proposer(DraftServiceConfig(draft_engine(str(head))))
     other = tmp_path / "wider"
     write_tiny_checkpoint(other, "llama", hidden_size=96)
     with pytest.raises((InvalidRequestError, CheckpointError), match="width|embed"):
-        build_service_proposer(DraftServiceConfig(draft=str(head), target_model=str(other)))
+        build_service_proposer(DraftServiceConfig(draft_engine(str(head)), target_model=str(other)))

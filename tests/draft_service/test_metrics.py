@@ -4,7 +4,7 @@
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.metrics import build_registry
 from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
@@ -27,8 +27,8 @@ def scrape(servicer: SpeculatorServicer, name: str) -> dict[str, tuple[str, dict
 
 
 def test_a_neural_drafts_series_follow_its_counters(tiny_llama) -> None:
-    servicer = SpeculatorServicer(build_service_proposer(DraftServiceConfig(draft=str(tiny_llama),
-                                                                            kv_cache_memory_mb=8)), "tiny-draft")
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(tiny_llama), kv_cache_memory_mb=8)))
+    servicer = SpeculatorServicer(draft, "tiny-draft")
     try:
         idle = scrape(servicer, "tiny-draft")
         assert {name: kind for name, (kind, _) in idle.items() if name in TYPES} == TYPES

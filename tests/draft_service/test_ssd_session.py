@@ -14,7 +14,7 @@ import pytest
 from grpc import aio
 from structlog.testing import capture_logs
 
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from draft_service.session import Session
@@ -45,7 +45,7 @@ def greedy(target) -> list[int]:
 
 @pytest.fixture
 def draft(target):
-    return build_service_proposer(DraftServiceConfig(draft=str(target), kv_cache_memory_mb=8))
+    return build_service_proposer(DraftServiceConfig(draft_engine(str(target), kv_cache_memory_mb=8)))
 
 
 def prefill(seq_id: int, tokens: list[int], ssd: bool = True) -> draft_pb2.Prefill:

@@ -3,7 +3,7 @@ step between two chunks, and nothing changes in what anyone generates (float32 g
 
 import pytest
 
-from ssd.config import SpeculationConfig, SsdConfig
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
@@ -76,7 +76,7 @@ def test_without_chunking_the_long_prompt_goes_whole(folders, alone):
 @pytest.mark.parametrize("draft", ["model", "eagle3", "ssd"])
 def test_speculation_with_chunked_prefill_equals_ar(folders, alone, draft):
     target, draft_model, head = folders
-    spec = SpeculationConfig(draft=str(head if draft == "eagle3" else draft_model), num_speculative_tokens=3,
+    spec = SpeculationConfig(ProposerChoice(str(head if draft == "eagle3" else draft_model)), num_speculative_tokens=3,
                              ssd=SsdConfig(fan_out_budget=4) if draft == "ssd" else None)
     llm = LLM(str(target), prefill_chunk_tokens=16, speculation=spec, **OPTS)
     params = SamplingParams(max_tokens=20, ignore_eos=True, ssd=draft == "ssd")

@@ -5,7 +5,7 @@ the GPU. Skipped without a GPU, except the check that asking for cuda there is a
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.context import ForwardMode
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
@@ -34,7 +34,7 @@ def folders(tmp_path_factory):
 
 
 def _llm(folders, device: str, draft: str | None = None, **spec) -> LLM:
-    speculation = SpeculationConfig(draft=str(folders[draft]), num_speculative_tokens=3, **spec) if draft else None
+    speculation = SpeculationConfig(ProposerChoice(str(folders[draft])), num_speculative_tokens=3, **spec) if draft else None
     return LLM(str(folders["target"]), dtype="float32", block_size=4, kv_cache_memory_mb=8, device=device,
                speculation=speculation)
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ssd.config import DecodeMode, SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import DecodeMode, ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.context import ForwardMode
 from ssd.distributed import WHOLE, TensorParallel, current_tp, divide, tensor_parallel
 from ssd.errors import EngineDeadError, InvalidRequestError
@@ -81,13 +81,13 @@ def test_sd_on_a_sharded_target_equals_ar(folders, whole, draft):
     llama, _, draft_model, head = folders
     name = {"ngram": "ngram", "model": str(draft_model), "eagle3": str(head)}[draft]
     tree = TreeShape(budget=6, depth=3, top_k=2) if draft == "eagle3" else None
-    spec = SpeculationConfig(draft=name, num_speculative_tokens=3, tree=tree)
+    spec = SpeculationConfig(ProposerChoice(name), num_speculative_tokens=3, tree=tree)
     assert _generate(LLM(str(llama), tensor_parallel_size=2, speculation=spec, **OPTS)) == whole
 
 
 def test_ssd_on_a_sharded_target_equals_ar(folders, whole):
     llama, _, draft_model, _ = folders
-    spec = SpeculationConfig(draft=str(draft_model), num_speculative_tokens=3, ssd=SsdConfig(fan_out_budget=4))
+    spec = SpeculationConfig(ProposerChoice(str(draft_model)), num_speculative_tokens=3, ssd=SsdConfig(fan_out_budget=4))
     llm = LLM(str(llama), tensor_parallel_size=2, speculation=spec, **OPTS)
     assert _generate(llm, SamplingParams(max_tokens=24, ignore_eos=True, mode=DecodeMode.SSD)) == whole
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import Stack, StackConfig, start_stack, stop_stack
+from deploy.local import Stack, start_stack, stop_stack
+from tests.integration.helpers import stack_config
 
 API_KEY = "test-key"
 PROMPTS = ["Write a haiku about the sea.", "What is 12 times 7? Answer briefly."]
@@ -32,7 +33,7 @@ def tiny_draft(tmp_path_factory, default_model_path) -> Path:
 def launch(tmp_path_factory, name: str, **overrides) -> Stack:  # noqa: ANN001, ANN003
     log_dir = tmp_path_factory.mktemp(f"logs-{name}")
     options = {"dtype": "float32", **overrides}
-    config = StackConfig(model="smollm2-135m-instruct", api_key=API_KEY, log_dir=log_dir,
+    config = stack_config(model="smollm2-135m-instruct", api_key=API_KEY, log_dir=log_dir,
                          http_port=_port(), grpc_port=_port(), **options)
     return start_stack(config, timeout_s=240)
 

@@ -55,3 +55,15 @@ def scrape(url: str) -> dict[str, float]:
         for sample in family.samples:
             totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
+
+
+def stack_config(**options: object) -> "StackConfig":  # noqa: F821 - deploy.local imported here only
+    """A StackConfig from flat options: EngineConfig's fields go to the targets' engine, the rest to the stack."""
+    from dataclasses import fields
+
+    from deploy.local import StackConfig
+    from ssd.config import EngineConfig
+
+    names = {f.name for f in fields(EngineConfig)}
+    engine = {k: v for k, v in options.items() if k in names}
+    return StackConfig(EngineConfig(**engine), **{k: v for k, v in options.items() if k not in names})

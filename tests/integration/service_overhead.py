@@ -14,7 +14,8 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from deploy.local import StackConfig, free_port, start_stack, stop_stack
+from deploy.local import free_port, start_stack, stop_stack
+from tests.integration.helpers import stack_config
 
 PROMPTS = [
     "Explain in three sentences why the sky is blue.",
@@ -59,7 +60,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
     cores = sorted(os.sched_getaffinity(0))
-    config = StackConfig(model="smollm2-135m-instruct", draft=None, dtype="bfloat16", default_mode="ar",
+    config = stack_config(model="smollm2-135m-instruct", draft=None, dtype="bfloat16", default_mode="ar",
                          http_port=free_port(), grpc_port=free_port(), log_dir=Path("out/overhead-logs"))
     config.log_dir.mkdir(parents=True, exist_ok=True)
     stack = start_stack(config)  # target on cores[0] (the first model service), gateway unpinned
@@ -73,16 +74,16 @@ def main() -> int:
         from ssd.llm import LLM
 
         torch.set_num_threads(1)
-        llm = LLM(config.model, dtype="bfloat16", num_threads=1)
+        llm = LLM(config.target.model, dtype="bfloat16", num_threads=1)
         client = OpenAI(base_url=stack.url + "/v1", api_key="local", max_retries=0)
-        run_service(client, config.model, "warm up")
+        run_service(client, config.target.model, "warm up")
         run_offline(llm, "warm up")
         rows = {"service": [], "offline": []}
         client_cores = set(cores[1:]) or {cores[0]}
         for _ in range(args.repeats):
             for prompt in PROMPTS:
                 os.sched_setaffinity(0, client_cores)  # the HTTP client sits with the gateway, not the target
-                rows["service"].append(run_service(client, config.model, prompt))
+                rows["service"].append(run_service(client, config.target.model, prompt))
                 os.sched_setaffinity(0, {cores[0]})  # the offline engine gets the target's core
                 rows["offline"].append(run_offline(llm, prompt))
     finally:

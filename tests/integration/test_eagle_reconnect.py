@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deploy.local import free_port
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from protos.ssd.v1 import common_pb2, draft_pb2_grpc
@@ -34,7 +34,7 @@ def draft_address(tmp_path_factory):
     target, head = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("eagle3")
     write_tiny_checkpoint(target, "llama", seed=0)
     write_tiny_head(head, target)
-    draft = build_service_proposer(DraftServiceConfig(draft=str(head), target_model=str(target)))
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(head)), target_model=str(target)))
     address = f"127.0.0.1:{free_port()}"
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from deploy.local import StackConfig, free_port, spawn, start_stack, stop_child, stop_stack
+from deploy.local import free_port, spawn, start_stack, stop_child, stop_stack
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from rpc.shared_memory import SHM_DIR, live_segments
-from tests.integration.helpers import draft_load, wait_for
+from tests.integration.helpers import draft_load, stack_config, wait_for
 from tests.speculation.test_eagle3_sd import PROMPTS, tiny_target_and_head
 
 MAX_TOKENS = 24
@@ -28,7 +28,7 @@ def folders(tmp_path_factory):
 def services(folders, tmp_path_factory):
     """`ssd serve --draft <head>`: the launcher hands the target model to the draft service."""
     target, head = folders
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+    config = stack_config(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-eagle"))
     before = live_segments()
     stack = start_stack(config, timeout_s=180)
@@ -105,19 +105,19 @@ def test_eagle_draft_without_target_model_fails_clearly(folders, tmp_path):
 
 def test_per_request_speculation_stats_equal_in_process_eagle(folders, services):
     """Same features, same head: the remote drafts are the in-process drafts, so accepted counts match."""
-    from ssd.config import SpeculationConfig
+    from ssd.config import ProposerChoice, SpeculationConfig
     from ssd.llm import LLM
     from ssd.sampling.params import SamplingParams
 
     target, head = folders
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     for prompt in PROMPTS:  # one at a time: the same batch shapes on both sides
         local = llm.generate([prompt], params)[0].spec
         _, last = generate(services[0], prompt)
         assert (last.spec.num_draft_tokens, last.spec.num_accepted_tokens) == (
-            local["num_draft_tokens"], local["num_accepted_tokens"])
+            local.num_draft_tokens, local.num_accepted_tokens)
 
 
 def sd_and_ssd_on_a_stack(folders, log_dir, **stack_options):  # noqa: ANN001, ANN003, ANN201
@@ -127,7 +127,7 @@ def sd_and_ssd_on_a_stack(folders, log_dir, **stack_options):  # noqa: ANN001, A
     from ssd.sampling.params import SamplingParams
 
     target, head = folders
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+    config = stack_config(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=log_dir, **stack_options)
     stack = start_stack(config, timeout_s=180)
     modes = [common_pb2.SPECULATION_MODE_SD, common_pb2.SPECULATION_MODE_SSD]
@@ -164,9 +164,11 @@ def test_tensor_parallel_target_with_a_remote_head(folders, tmp_path):
 
 
 def test_target_tree_flags_are_checked():
+    from ssd.config import TreeShape
     from ssd.errors import InvalidRequestError
-    from target_service.config import TargetServiceConfig, parse_args
+    from target_service.config import parse_args
 
-    assert parse_args(["--tree-budget", "16", "--tree-topk", "3"]).tree_budget == 16
+    assert parse_args(["--tree-budget", "16", "--tree-topk", "3"]).speculation.tree == TreeShape(16, 4, 3)
+    assert parse_args([]).speculation.tree is None  # chains
     with pytest.raises(InvalidRequestError, match="tree budget"):
-        TargetServiceConfig(tree_budget=-1)
+        parse_args(["--tree-budget", "-1"])

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deploy.local import StackConfig, free_port, start_stack, stop_stack
+from deploy.local import free_port, start_stack, stop_stack
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from tests.integration.helpers import stack_config
 
 pytestmark = pytest.mark.model
 
@@ -37,7 +38,7 @@ def services(tmp_path_factory):
     from tests.speculation.test_eagle3_sd import tiny_target_and_head
 
     target, head = tiny_target_and_head(tmp_path_factory)
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+    config = stack_config(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-services-fuzz"))
     stack = start_stack(config, timeout_s=180)
     tc = load_model_config(target)

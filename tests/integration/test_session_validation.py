@@ -10,10 +10,10 @@ import time
 import grpc
 import pytest
 
-from deploy.local import StackConfig, free_port, start_stack, stop_stack
+from deploy.local import free_port, start_stack, stop_stack
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from tests.integration.conftest import API_KEY
-from tests.integration.helpers import openai_client, stream_chat
+from tests.integration.helpers import openai_client, stack_config, stream_chat
 
 pytestmark = pytest.mark.model
 
@@ -122,7 +122,7 @@ def eagle_stack(tmp_path_factory):
     from tests.speculation.test_eagle3_sd import tiny_target_and_head
 
     target, head = tiny_target_and_head(tmp_path_factory)
-    config = StackConfig(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
+    config = stack_config(model=str(target), draft=str(head), dtype="float32", k=3, http_port=free_port(),
                          grpc_port=free_port(), log_dir=tmp_path_factory.mktemp("logs-eagle-validation"))
     stack = start_stack(config, timeout_s=180)
     yield stack, target

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from deploy.local import Stack, StackConfig, free_port, start_draft, start_stack, stop_stack, wait_healthy
+from deploy.local import Stack, free_port, start_draft, start_stack, stop_stack, wait_healthy
 from protos.ssd.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
-from tests.integration.helpers import draft_load, target_load, wait_for
+from tests.integration.helpers import draft_load, stack_config, target_load, wait_for
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.speculation.test_ssd_inprocess import PROMPTS
 from tests.tiny_models import write_tiny_checkpoint
@@ -60,7 +60,7 @@ def stacks(drafts, tmp_path_factory):
 
     def get(which: str) -> Stack:
         if which not in started:
-            config = StackConfig(model=str(drafts["self"]), draft=str(drafts[which]), dtype="float32", k=K,
+            config = stack_config(model=str(drafts["self"]), draft=str(drafts[which]), dtype="float32", k=K,
                                  default_mode="ssd", http_port=free_port(), grpc_port=free_port(),
                                  log_dir=tmp_path_factory.mktemp(f"logs-ssd-{which}"))
             started[which] = stack = start_stack(config, timeout_s=180)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from deploy.local import free_port, stop_stack
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from draft_service.session import Session
@@ -38,7 +38,7 @@ class DraftServer:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, draft: str = "ngram", target_model: str | None = None) -> None:
         self.address = f"127.0.0.1:{free_port()}"
-        config = DraftServiceConfig(draft=draft, target_model=target_model)
+        config = DraftServiceConfig(draft_engine(draft), target_model=target_model)
         self.servicer = SpeculatorServicer(build_service_proposer(config), draft)
         self.loop = loop
         self.server = self._run(self._start())

@@ -4,7 +4,7 @@ checkpoint's own int4 cache used by "auto", and tensor-parallel shards of the qu
 import pytest
 import torch
 
-from ssd.config import EngineConfig, SpeculationConfig, SsdConfig
+from ssd.config import EngineConfig, ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.distributed import TensorParallel, tensor_parallel
 from ssd.errors import InvalidRequestError
 from ssd.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -54,9 +54,9 @@ CASES = [("int4", "sd-draft-model", 1), ("int4", "sd-eagle3", 1), ("int4", "ssd"
 @pytest.mark.parametrize(("quantization", "which", "batch"), CASES)
 def test_greedy_speculation_equals_ar_with_a_quantized_target(models, expected, quantization, which, batch):
     target, draft, head = models
-    spec = {"sd-draft-model": SpeculationConfig(draft=str(draft), num_speculative_tokens=3),
-            "sd-eagle3": SpeculationConfig(draft=str(head), num_speculative_tokens=3),
-            "ssd": SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+    spec = {"sd-draft-model": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
+            "sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
+            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
     llm = _llm(target, quantization, spec)
     assert _greedy(llm, batch) == expected[quantization]
     assert llm.engine.speculative_decoder.counters.num_drafts > 0

@@ -4,7 +4,7 @@ own distribution (chi-square), and the float model's distribution is rejected (t
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig
+from ssd.config import ProposerChoice, SpeculationConfig
 from ssd.llm import LLM
 from ssd.quantized_weights import quantize_int4, quantize_int8
 from ssd.sampling.params import SamplingParams
@@ -37,7 +37,7 @@ def _dequantized_copy(hf, quantization: str):  # noqa: ANN001, ANN202 - an HF mo
 @pytest.mark.parametrize("quantization", ["int4", pytest.param("int8", marks=pytest.mark.slow)])  # ~3 min each, shared CPU
 def test_speculative_sampling_matches_the_quantized_target(setup, quantization):
     target, draft, hf = setup
-    spec = SpeculationConfig(draft=str(draft), num_speculative_tokens=2, k_schedule=((1024, 2),))
+    spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=2, k_schedule=((1024, 2),))
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
               speculation=spec, quantization=quantization)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]

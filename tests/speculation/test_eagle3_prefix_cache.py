@@ -4,7 +4,7 @@ the target features of every position (kept beside the KV), so drafting and outp
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from tests.speculation.test_eagle3_sd import tiny_target_and_head
@@ -21,7 +21,7 @@ def folders(tmp_path_factory):
 
 def _llm(folders, is_prefix_caching: bool, tree: TreeShape | None = None) -> LLM:
     target, head = folders
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3, tree=tree)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3, tree=tree)
     return LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec,
                enable_prefix_caching=is_prefix_caching)
 

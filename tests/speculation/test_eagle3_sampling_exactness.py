@@ -7,7 +7,7 @@ at, and SSD branches that report the unscaled q while sampling Saguaro-scaled.""
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation import ssd_speculator
@@ -38,7 +38,7 @@ def setup(tmp_path_factory):
 
 def sample_first_tokens(setup, tree: TreeShape | None, ssd: SsdConfig | None) -> list[tuple]:
     target, head, _ = setup
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=2, tree=tree, k_schedule=((1024, 2),), ssd=ssd)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=2, tree=tree, k_schedule=((1024, 2),), ssd=ssd)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
               speculation=spec)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, TreeShape
 from ssd.errors import CheckpointError
 from ssd.llm import LLM
 from ssd.loader.eagle3_checkpoint import load_eagle3_head, save_eagle3_head
@@ -58,7 +58,7 @@ def test_eagle3_sd_greedy_equals_ar(folders, tree, batch):
     target, head = folders
     ar = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
     expected = [ar.generate([p], PARAMS)[0].token_ids for p in PROMPTS]
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3, tree=tree)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3, tree=tree)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     outs = [llm.generate([p], PARAMS)[0] for p in PROMPTS] if batch == 1 else llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == expected
@@ -81,7 +81,7 @@ def test_eagle3_missing_and_misshaped_keys_are_named(folders, tmp_path):
 def test_eagle3_sd_runs_in_bfloat16(folders):
     """The head's per-sequence feature buffer follows the head's dtype (it once started as float32)."""
     target, head = folders
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3)
     llm = LLM(str(target), dtype="bfloat16", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     out = llm.generate([PROMPTS[0]], PARAMS)[0]
     assert len(out.token_ids) == PARAMS.max_tokens

@@ -100,7 +100,7 @@ def test_greedy_speculation_with_a_grammar_equals_plain(letters, shape):
     plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
     free = [o.token_ids for o in _llm(letters).generate(prompts, SamplingParams(max_tokens=24))]
     assert plain != free and all(4 <= len(_text(t)) <= 10 and t[-1] == EOS for t in plain)
-    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3,
+    spec = spec_config.SpeculationConfig(spec_config.ProposerChoice(str(letters[1])), num_speculative_tokens=3,
                                          tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
                                          ssd=spec_config.SsdConfig() if shape == "ssd" else None)
     llm = _llm(letters, spec)
@@ -118,7 +118,7 @@ def test_a_lark_grammar_holds_the_answer_and_speculation_keeps_greedy_output(let
     for out in plain:
         assert out.token_ids[-1] == EOS or out.finish_reason == "length"
         assert all(t in range(2, 8) or t in (12, 13, 14, EOS) for t in out.token_ids)  # a-f, k, l, m
-    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3)
+    spec = spec_config.SpeculationConfig(spec_config.ProposerChoice(str(letters[1])), num_speculative_tokens=3)
     assert [o.token_ids for o in _llm(letters, spec).generate(prompts, params)] == [o.token_ids for o in plain]
 
 
@@ -158,7 +158,7 @@ def test_splicing_accepts_the_forced_run_and_keeps_greedy_output(letters, monkey
     params = SamplingParams(max_tokens=24, grammar=Grammar("regex", "[a-n]{2,4}(cdefghij|klm)[a-n]{2,4}"))
     prompts = [PROMPT, [5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13]]
     plain = [o.token_ids for o in _llm(letters).generate(prompts, params)]
-    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=3,
+    spec = spec_config.SpeculationConfig(spec_config.ProposerChoice(str(letters[1])), num_speculative_tokens=3,
                                          tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
                                          ssd=spec_config.SsdConfig() if shape == "ssd" else None)
     spliced = _llm(letters, spec)
@@ -200,7 +200,7 @@ def _samples(letters, spec) -> list[tuple]:  # type: ignore[no-untyped-def]
 
 
 def _spec(letters, tree: bool) -> spec_config.SpeculationConfig:  # type: ignore[no-untyped-def]
-    return spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=2, k_schedule=((1024, 2),),
+    return spec_config.SpeculationConfig(spec_config.ProposerChoice(str(letters[1])), num_speculative_tokens=2, k_schedule=((1024, 2),),
                                          tree=TreeShape(budget=6, depth=2, top_k=2) if tree else None)
 
 

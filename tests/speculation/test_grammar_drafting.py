@@ -32,7 +32,7 @@ def head(letters, tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 def _spec(draft, shape: str) -> spec_config.SpeculationConfig:  # noqa: ANN001
-    return spec_config.SpeculationConfig(draft=str(draft), num_speculative_tokens=3,
+    return spec_config.SpeculationConfig(spec_config.ProposerChoice(str(draft)), num_speculative_tokens=3,
                                          tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
                                          ssd=spec_config.SsdConfig() if shape == "ssd" else None)
 
@@ -92,7 +92,7 @@ def test_ssd_sampling_with_a_grammar_matches_the_masked_target(letters):
     """SSD's cache, branches and backups drafted under the grammar (q masked, Saguaro-scaled): the answers are
     still the masked target's distribution."""
     exact = _exact(letters[2], GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS})))
-    spec = spec_config.SpeculationConfig(draft=str(letters[1]), num_speculative_tokens=2, k_schedule=((1024, 2),),
+    spec = spec_config.SpeculationConfig(spec_config.ProposerChoice(str(letters[1])), num_speculative_tokens=2, k_schedule=((1024, 2),),
                                          ssd=spec_config.SsdConfig(saguaro_c=0.5))
     assert chi_square_pvalue(_samples(letters, spec), exact) > 0.001
 

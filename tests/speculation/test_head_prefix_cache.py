@@ -4,7 +4,7 @@ head positions, and gives the same greedy output as without the cache (and as pl
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig
+from ssd.config import ProposerChoice, SpeculationConfig
 from ssd.llm import LLM
 from ssd.models.eagle3 import HeadKVCache
 from ssd.speculation.head_prefix_cache import HeadPrefixCache
@@ -19,7 +19,7 @@ def folders(tmp_path_factory):
 
 def _llm(folders, head_cache: bool) -> LLM:
     target, head = folders
-    spec = SpeculationConfig(draft=str(head), num_speculative_tokens=3)
+    spec = SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     if not head_cache:
         llm.engine.speculative_decoder.proposer.prefix_cache = None

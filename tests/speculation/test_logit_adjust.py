@@ -5,7 +5,7 @@ with them (greedy SD / tree / SSD output equals plain greedy output with the sam
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.logit_adjust import adjust_logits
@@ -76,7 +76,7 @@ def plain(models):
 @pytest.mark.parametrize("shape", ["chain", "tree", "ssd"])
 @pytest.mark.parametrize("which", [0, 1], ids=["self-draft", "other-draft"])
 def test_greedy_speculation_with_penalties_equals_plain(models, plain, repeated, shape, which):
-    spec = SpeculationConfig(draft=str(models[which]), num_speculative_tokens=3,
+    spec = SpeculationConfig(ProposerChoice(str(models[which])), num_speculative_tokens=3,
                              tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
                              ssd=SsdConfig() if shape == "ssd" else None)
     llm = _llm(models, spec)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draft_training.target_features import TargetFeatureExtractor
-from ssd.config import SpeculationConfig, SsdConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
@@ -38,7 +38,7 @@ def test_logprobs_are_the_targets_raw_distribution(models, temperature):
 def test_speculative_logprobs_equal_plain_ones(models, shape):
     params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=2)
     plain = _llm(models).generate(PROMPTS, params)
-    spec = SpeculationConfig(draft=str(models[0]), num_speculative_tokens=3,  # the target drafts itself
+    spec = SpeculationConfig(ProposerChoice(str(models[0])), num_speculative_tokens=3,  # the target drafts itself
                              tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
                              ssd=SsdConfig() if shape == "ssd" else None)
     llm = _llm(models, spec)
@@ -55,7 +55,7 @@ def test_speculative_logprobs_equal_plain_ones(models, shape):
 def test_one_logprob_per_returned_token_after_a_stop(models):
     first = _llm(models).generate(PROMPTS[:1], SamplingParams(max_tokens=10, ignore_eos=True))[0].token_ids
     stop = first[5]
-    spec = SpeculationConfig(draft=str(models[1]), num_speculative_tokens=3)
+    spec = SpeculationConfig(ProposerChoice(str(models[1])), num_speculative_tokens=3)
     for llm in (_llm(models), _llm(models, spec)):
         out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=(stop,),
                                                        logprobs=0))[0]
@@ -75,7 +75,7 @@ def test_logprobs_off_by_default_and_validated(models):
 
 def test_prompt_logprobs_score_every_prompt_token_after_the_first(models):
     extractor = TargetFeatureExtractor(models[0], torch.float32, aux_layers=(0, 1, 2), max_batch_tokens=64)
-    spec = SpeculationConfig(draft=str(models[1]), num_speculative_tokens=3)
+    spec = SpeculationConfig(ProposerChoice(str(models[1])), num_speculative_tokens=3)
     for llm in (_llm(models), _llm(models, spec)):
         llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))  # leaves the prompt's blocks in the prefix cache
         params = [SamplingParams(max_tokens=4, prompt_logprobs=2, logprobs=1), SamplingParams(max_tokens=4)]

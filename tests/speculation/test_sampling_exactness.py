@@ -6,7 +6,7 @@
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation import verification
@@ -48,7 +48,7 @@ CASES = {
 def _spec(setup, case) -> SpeculationConfig:
     draft = setup[1]
     c = CASES[case]
-    return SpeculationConfig(draft=str(draft) if c["draft"] == "model" else "ngram", num_speculative_tokens=2,
+    return SpeculationConfig(ProposerChoice(str(draft) if c["draft"] == "model" else "ngram"), num_speculative_tokens=2,
                              tree=c["tree"], ngram_max=1, k_schedule=((1024, 2),))
 
 

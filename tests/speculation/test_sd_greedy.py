@@ -2,7 +2,7 @@
 
 import pytest
 
-from ssd.config import SpeculationConfig, TreeShape
+from ssd.config import ProposerChoice, SpeculationConfig, TreeShape
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from tests.tiny_models import write_tiny_checkpoint
@@ -39,7 +39,7 @@ def _draft(models, which):
 @pytest.mark.parametrize("tree", [None, TreeShape(budget=8, depth=3, top_k=2)], ids=["chain", "tree"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_sd_greedy_equals_ar(models, expected, which, tree, batch):
-    spec = SpeculationConfig(draft=_draft(models, which), num_speculative_tokens=3, tree=tree)
+    spec = SpeculationConfig(ProposerChoice(_draft(models, which)), num_speculative_tokens=3, tree=tree)
     llm = LLM(str(models[0]), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
     if batch == 1:
         outs = [llm.generate([p], PARAMS)[0] for p in PROMPTS]
@@ -52,4 +52,4 @@ def test_sd_greedy_equals_ar(models, expected, which, tree, batch):
         assert counters.num_accepted_tokens == counters.num_draft_tokens > 0
     if which == "self" and tree is not None:  # the argmax child always exists at depth 1
         assert counters.accepted_per_position[0] == counters.num_drafts
-    assert all(o.spec is not None and o.spec["num_drafts"] > 0 for o in outs)
+    assert all(o.spec is not None and o.spec.num_drafts > 0 for o in outs)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ssd.config import SpeculationConfig, SsdConfig
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation.speculator_worker import OverlappedSpeculator, SpeculatorWorker
@@ -23,7 +23,7 @@ def models(tmp_path_factory):
 
 
 def _ssd_llm(target, draft) -> LLM:  # noqa: ANN001
-    spec = SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())
+    spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())
     return LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8, speculation=spec)
 
 

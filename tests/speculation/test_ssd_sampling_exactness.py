@@ -5,7 +5,7 @@ with and without Saguaro scaling, the first 3 tokens follow the target's distrib
 import pytest
 import torch
 
-from ssd.config import SpeculationConfig, SsdConfig
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation import ssd_speculator
@@ -32,7 +32,7 @@ def setup(tmp_path_factory):
 
 def sample_first_tokens(setup, ssd: SsdConfig) -> list[tuple]:
     target, draft, _ = setup
-    spec = SpeculationConfig(draft=str(draft), num_speculative_tokens=2, k_schedule=((1024, 2),), ssd=ssd)
+    spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=2, k_schedule=((1024, 2),), ssd=ssd)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
               speculation=spec)
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]

@@ -6,7 +6,7 @@ import asyncio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ssd.config import SpeculationConfig
+from ssd.config import ProposerChoice, SpeculationConfig
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from target_service.engine_loop import EngineLoop
@@ -39,7 +39,7 @@ def scrape(engine_loop: EngineLoop) -> dict[str, tuple[str, dict[tuple, float]]]
 
 def test_series_follow_the_engine(tiny_llama) -> None:
     llm = LLM(str(tiny_llama), dtype="float32", block_size=4, kv_cache_memory_mb=4,
-              speculation=SpeculationConfig(draft="ngram", num_speculative_tokens=K))
+              speculation=SpeculationConfig(ProposerChoice("ngram"), num_speculative_tokens=K))
     loop = asyncio.new_event_loop()
     try:
         engine_loop = EngineLoop(llm.engine, loop)  # never started: the test steps the engine itself

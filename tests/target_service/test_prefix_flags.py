@@ -10,11 +10,11 @@ from target_service.config import parse_args as target_args
 
 
 def test_prefix_cache_flags_parse():
-    assert target_args([]).enable_prefix_caching and target_args([]).block_size == 16
+    assert target_args([]).engine.enable_prefix_caching and target_args([]).engine.block_size == 16
     off = target_args(["--no-prefix-caching", "--block-size", "4"])
-    assert not off.enable_prefix_caching and off.block_size == 4
+    assert not off.engine.enable_prefix_caching and off.engine.block_size == 4
     draft = draft_args(["--block-size", "4", "--prefix-cache-blocks", "0"])
-    assert (draft.block_size, draft.prefix_cache_blocks) == (4, 0)
+    assert (draft.engine.block_size, draft.prefix_cache_blocks) == (4, 0)
     assert draft_args([]).prefix_cache_blocks == 1024
 
 
