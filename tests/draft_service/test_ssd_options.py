@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from draft_service.config import DraftServiceConfig
+from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from draft_service.session import Session
@@ -84,7 +84,7 @@ def test_the_python_enums_take_their_names_and_refuse_others():
 def draft(tmp_path_factory):
     folder = tmp_path_factory.mktemp("target")
     write_tiny_checkpoint(folder, "llama", seed=0)
-    return build_service_proposer(DraftServiceConfig(draft=str(folder), kv_cache_memory_mb=8))
+    return build_service_proposer(DraftServiceConfig(draft_engine(str(folder), kv_cache_memory_mb=8)))
 
 
 def test_the_sessions_options_apply_to_its_ssd_sequences_and_a_rounds_over_them(draft):
