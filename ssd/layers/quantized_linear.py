@@ -1,10 +1,12 @@
 """Weight-only quantized matmuls: int4 in groups along the input features, int8 per output channel.
 
-Each runs torch's packed weight-only kernel (`kernel()`) where the device has one, with `reference()` beside
-it (dequantize, then F.linear) that tests compare it with. The reference also serves float32 activations:
-torch's CPU int4 / int8 kernels have no fast float32 path (measured 10-40x slower than dequantizing for 8-40
-rows, and linear in the rows), and one path per dtype keeps a decode and a verify forward on the same
-arithmetic. The portable weights and their int4 convention are in ssd/quantized_weights.py.
+Each runs a kernel (`kernel()`) where the device has one, with `reference()` beside it (dequantize, then
+F.linear) that tests compare it with. int4 on CPU with the GGUF's own group-32 values: the project's kernel
+(ssd/layers/int4_cpu_kernel.py; float32 and 16-bit activations alike, each row on the same arithmetic whatever
+the batch). Otherwise torch's packed weight-only kernels, whose CPU int4 / int8 versions have no fast float32
+path (measured 10-40x slower than dequantizing for 8-40 rows, and linear in the rows): float32 activations run
+the reference there, so a decode and a verify forward stay on the same arithmetic. The portable weights and
+their int4 convention are in ssd/quantized_weights.py.
 """
 
 import structlog
@@ -12,16 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssd.layers import int4_cpu_kernel
 from ssd.quantized_weights import Int4Weight, Int8Weight, unpack_int4_codes
 
 log = structlog.get_logger(__name__)
 
 
 class Int4Matmul(nn.Module):
-    """x @ w.T for a grouped int4 weight, through torch's int4pack kernel where the device has one.
+    """x @ w.T for a grouped int4 weight: the project's CPU kernel for a few rows where it holds the weight
+    exactly (`use_own_kernel`, default True), else torch's int4pack kernel where the device has one.
 
-    The kernel layout is device-specific, so it is made again from the portable codes whenever the module
-    moves (`.to(device)`).
+    Torch's kernel layout is device-specific, so it is made again from the portable codes whenever the module
+    moves (`.to(device)`); the own kernel's layout (made once, from the float32 scales) runs on CPU only.
     """
 
     def __init__(self, weight: Int4Weight, dtype: torch.dtype, device: torch.device) -> None:
@@ -32,7 +36,22 @@ class Int4Matmul(nn.Module):
         sz = torch.stack([weight.scales.t(), weight.zeros.t()], -1)  # [K / g, N, 2], the kernel's layout
         self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=dtype).contiguous())
         self.register_buffer("packed", None)
+        own = _own_layout(weight) if device.type == "cpu" else None
+        self.register_buffer("own_blocks", None if own is None else own[0], persistent=False)  # [N / 4, K / 64, 144]
+        self.register_buffer("own_mins", None if own is None else own[1], persistent=False)  # [N, K / 32] fp16 bits
+        self.is_own_kernel_enabled = own is not None
+        self.is_int8_activations = False  # float activations: the quality of torch's kernels (docs/benchmarks.md)
         self._repack()
+
+    def use_own_kernel(self, enabled: bool, *, is_int8_activations: bool = False) -> None:
+        """Run the project's CPU kernel (where it holds this weight), or torch's int4pack kernel (benchmarks);
+        `is_int8_activations`: its VNNI path for 16-bit activations (int8 activations, as llama.cpp)."""
+        self.is_own_kernel_enabled = enabled and self.own_blocks is not None
+        self.is_int8_activations = is_int8_activations
+
+    @property
+    def runs_own_kernel(self) -> bool:
+        return self.is_own_kernel_enabled and self.codes.device.type == "cpu"
 
     def _repack(self) -> None:
         self.packed = _int4_kernel_layout(self.codes, self.scales_and_zeros.dtype)  # None: no kernel here
@@ -43,9 +62,14 @@ class Int4Matmul(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self.runs_own_kernel and x.shape[0] <= int4_cpu_kernel.MAX_ROWS:
+            return self.own_kernel(x)
         if self.packed is None or x.dtype != self.scales_and_zeros.dtype or x.dtype == torch.float32:
             return self.reference(x)
         return self.kernel(x)
+
+    def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        return int4_cpu_kernel.matmul(x, self.own_blocks, self.own_mins, self.is_int8_activations)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         if x.device.type == "cpu":
@@ -60,6 +84,7 @@ class Int4Matmul(nn.Module):
 
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
+        kernel = f"own up to {int4_cpu_kernel.MAX_ROWS} rows, else {kernel}" if self.runs_own_kernel else kernel
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
 
@@ -92,6 +117,16 @@ class Int8Matmul(nn.Module):
     def extra_repr(self) -> str:
         kernel = "int8pack" if self.has_kernel else "reference"
         return f"in={self.in_features}, out={self.out_features}, kernel={kernel}"
+
+
+def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The own CPU kernel's layout of `weight`; None where it cannot hold it exactly or cannot be built here."""
+    if weight.group_size != 32:
+        return None
+    layout = int4_cpu_kernel.kernel_layout(weight.scales, weight.zeros, weight.unpacked())
+    if layout is None or int4_cpu_kernel.extension() is None:
+        return None
+    return layout
 
 
 def _int4_kernel_layout(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
-from ssd.quantized_weights import decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
+from ssd.quantized_weights import Int4Weight, decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
 
 CPU = torch.device("cpu")
 # float32: the kernels and the references sum the same products; bfloat16 rounds the activations' partial sums
@@ -118,3 +118,31 @@ def test_a_gguf_file_imports_to_hf_names_and_row_order(tmp_path):
         got = cache[f"model.layers.0.{name}"].dequantize()
         torch.testing.assert_close(got, expected[role], rtol=0, atol=1e-6)
         assert (got - torch.from_numpy(hf[role]).float()).abs().max() < 0.5  # the HF row order, not llama.cpp's
+
+
+def _fp16_exact_int4(n: int, k: int) -> Int4Weight:
+    """A group-32 weight whose scales and mins are fp16 values, like the GGUF's Q4_1 blocks."""
+    w = quantize_int4(torch.randn(n, k), 32)
+    d = w.scales.half().float()
+    return Int4Weight(w.codes, d, (w.zeros - 8 * w.scales).half().float() + 8 * d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_gguf_like_int4_runs_the_own_cpu_kernel_and_matches_the_reference(dtype, rows):
+    """The own kernel holds the weight exactly: float32 within float32 rounding; bfloat16 within the int8
+    activations' and the bf16 output's rounding (the reference itself reads bf16 scales)."""
+    torch.manual_seed(0)
+    matmul = Int4Matmul(_fp16_exact_int4(96, 128), dtype, CPU)
+    assert matmul.runs_own_kernel
+    x = torch.randn(rows, 128).to(dtype)
+    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[dtype]
+    matmul.use_own_kernel(False)  # torch's int4pack kernel on the same weight
+    assert not matmul.runs_own_kernel and matmul.packed is not None
+    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[dtype]
+
+
+def test_int4_quantized_at_load_keeps_torchs_kernel():
+    """float32 scales are not fp16 values: the own kernel would not compute this weight exactly."""
+    matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), 32), torch.bfloat16, CPU)
+    assert not matmul.runs_own_kernel and matmul.packed is not None
