@@ -27,20 +27,25 @@ from ssd.sampling.params import SamplingParams
 
 # (name, dtype, quantization); bf16 float runs on oneDNN-packed weights (the engine's default linear backend).
 # int4-own: the GGUF's own Q4_1 weights on the project's CPU kernel (kernels/cpu/int4_gemm); int4-torch: the same
-# weights on torch's _weight_int4pack_mm_for_cpu (bf16 scales).
+# weights on torch's _weight_int4pack_mm_for_cpu (bf16 scales); the -fp32 ones in float32 activations, where
+# int4-torch-fp32 is the dequantizing reference (torch has no fast float32 int4 kernel on CPU).
 # int4-own-int8act: the own kernel's VNNI path (activations rounded to int8 in groups of 32, as llama.cpp).
 SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("int4-own", "bfloat16", "auto"),
-                 ("int4-own-int8act", "bfloat16", "auto"), ("int4-torch", "bfloat16", "auto")]
+                 ("int4-own-int8act", "bfloat16", "auto"), ("int4-torch", "bfloat16", "auto"),
+                 ("fp32", "float32", "none"), ("int4-own-fp32", "float32", "auto"), ("int4-torch-fp32", "float32", "auto")]
 
 
 def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int) -> LLM:
-    from ssd.layers.quantized_linear import Int4Matmul
+    from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul
 
     llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=8,
-              enable_prefix_caching=False)  # the timed run must prefill again, as the first did
+              enable_prefix_caching=False,  # the timed run must prefill again, as the first did
+              kv_cache_memory_mb=256)  # 8 x 64 tokens need ~20 MB; several engines live in this one process
+    choice = {"int4-own": Int4Kernel.OWN, "int4-own-int8act": Int4Kernel.OWN_INT8, "int4-torch": Int4Kernel.TORCH,
+              "int4-torch-fp32": Int4Kernel.TORCH}.get(name, Int4Kernel.AUTO)
     for module in llm.engine.model.modules():
-        if isinstance(module, Int4Matmul) and name in ("int4-torch", "int4-own-int8act"):
-            module.use_own_kernel(name != "int4-torch", is_int8_activations=name == "int4-own-int8act")
+        if isinstance(module, Int4Matmul):
+            module.kernel_choice = choice
     return llm
 
 

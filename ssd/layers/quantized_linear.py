@@ -9,6 +9,8 @@ the reference there, so a decode and a verify forward stay on the same arithmeti
 their int4 convention are in ssd/quantized_weights.py.
 """
 
+import enum
+
 import structlog
 import torch
 import torch.nn.functional as F
@@ -20,9 +22,21 @@ from ssd.quantized_weights import Int4Weight, Int8Weight, unpack_int4_codes
 log = structlog.get_logger(__name__)
 
 
+class Int4Kernel(enum.Enum):
+    """Which kernel an Int4Matmul runs for a few rows (`kernel_choice`), where the own CPU kernel holds its weight."""
+
+    # float32 activations: own (torch's CPU alternative dequantizes the weight every call); 16-bit: torch's
+    # int4pack, measured as fast or faster at 1 and 8 rows on an AMX CPU (docs/benchmarks.md), own where it has none
+    AUTO = "auto"
+    OWN = "own"  # own for every dtype, float activations
+    OWN_INT8 = "own-int8"  # own; 16-bit activations rounded to int8 in groups of 32 (VNNI, as llama.cpp)
+    TORCH = "torch"  # torch's int4pack (or the reference), never own
+
+
 class Int4Matmul(nn.Module):
     """x @ w.T for a grouped int4 weight: the project's CPU kernel for a few rows where it holds the weight
-    exactly (`use_own_kernel`, default True), else torch's int4pack kernel where the device has one.
+    exactly and `kernel_choice` (Int4Kernel, default AUTO) says so, else torch's int4pack kernel where the device
+    has one, else the reference.
 
     Torch's kernel layout is device-specific, so it is made again from the portable codes whenever the module
     moves (`.to(device)`); the own kernel's layout (made once, from the float32 scales) runs on CPU only.
@@ -39,19 +53,19 @@ class Int4Matmul(nn.Module):
         own = _own_layout(weight) if device.type == "cpu" else None
         self.register_buffer("own_blocks", None if own is None else own[0], persistent=False)  # [N / 4, K / 64, 144]
         self.register_buffer("own_mins", None if own is None else own[1], persistent=False)  # [N, K / 32] fp16 bits
-        self.is_own_kernel_enabled = own is not None
-        self.is_int8_activations = False  # float activations: the quality of torch's kernels (docs/benchmarks.md)
+        self.kernel_choice = Int4Kernel.AUTO
         self._repack()
 
-    def use_own_kernel(self, enabled: bool, *, is_int8_activations: bool = False) -> None:
-        """Run the project's CPU kernel (where it holds this weight), or torch's int4pack kernel (benchmarks);
-        `is_int8_activations`: its VNNI path for 16-bit activations (int8 activations, as llama.cpp)."""
-        self.is_own_kernel_enabled = enabled and self.own_blocks is not None
-        self.is_int8_activations = is_int8_activations
-
     @property
-    def runs_own_kernel(self) -> bool:
-        return self.is_own_kernel_enabled and self.codes.device.type == "cpu"
+    def has_own_kernel(self) -> bool:
+        """Whether the own CPU kernel holds this weight (and runs here)."""
+        return self.own_blocks is not None and self.codes.device.type == "cpu"
+
+    def runs_own_kernel(self, dtype: torch.dtype) -> bool:
+        """Whether activations of `dtype` (up to int4_cpu_kernel.MAX_ROWS rows) run the own kernel."""
+        if not self.has_own_kernel or self.kernel_choice == Int4Kernel.TORCH:
+            return False
+        return self.kernel_choice != Int4Kernel.AUTO or dtype == torch.float32 or self.packed is None
 
     def _repack(self) -> None:
         self.packed = _int4_kernel_layout(self.codes, self.scales_and_zeros.dtype)  # None: no kernel here
@@ -62,14 +76,14 @@ class Int4Matmul(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        if self.runs_own_kernel and x.shape[0] <= int4_cpu_kernel.MAX_ROWS:
+        if x.shape[0] <= int4_cpu_kernel.MAX_ROWS and self.runs_own_kernel(x.dtype):
             return self.own_kernel(x)
         if self.packed is None or x.dtype != self.scales_and_zeros.dtype or x.dtype == torch.float32:
             return self.reference(x)
         return self.kernel(x)
 
     def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        return int4_cpu_kernel.matmul(x, self.own_blocks, self.own_mins, self.is_int8_activations)
+        return int4_cpu_kernel.matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         if x.device.type == "cpu":
@@ -84,7 +98,8 @@ class Int4Matmul(nn.Module):
 
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
-        kernel = f"own up to {int4_cpu_kernel.MAX_ROWS} rows, else {kernel}" if self.runs_own_kernel else kernel
+        if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
+            kernel = f"own ({self.kernel_choice.value}) up to {int4_cpu_kernel.MAX_ROWS} rows, else {kernel}"
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
 

@@ -167,7 +167,7 @@ def test_greedy_speculation_equals_ar_on_the_own_int4_cpu_kernel(models, tmp_pat
     folder = _copy_with_gguf_like_int4_cache(target, tmp_path)
     ar = _llm(folder, "auto")
     int4 = [m for m in ar.engine.worker.model.modules() if isinstance(m, Int4Matmul)]
-    assert len(int4) == 4 * 3 and all(m.runs_own_kernel for m in int4)
+    assert len(int4) == 4 * 3 and all(m.runs_own_kernel(torch.float32) for m in int4)
     spec = {"sd-draft-model": SpeculationConfig(draft=str(draft), num_speculative_tokens=3),
             "sd-eagle3": SpeculationConfig(draft=str(head), num_speculative_tokens=3),
             "ssd": SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())}[which]

@@ -6,7 +6,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
+from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul, Int8Matmul
 from ssd.quantized_weights import Int4Weight, decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
 
 CPU = torch.device("cpu")
@@ -128,21 +128,23 @@ def _fp16_exact_int4(n: int, k: int) -> Int4Weight:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("choice", [Int4Kernel.AUTO, Int4Kernel.OWN, Int4Kernel.OWN_INT8, Int4Kernel.TORCH])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_gguf_like_int4_runs_the_own_cpu_kernel_and_matches_the_reference(dtype, rows):
-    """The own kernel holds the weight exactly: float32 within float32 rounding; bfloat16 within the int8
-    activations' and the bf16 output's rounding (the reference itself reads bf16 scales)."""
+def test_gguf_like_int4_on_each_kernel_choice_matches_the_reference(dtype, choice, rows):
+    """The own kernel holds the weight exactly: float32 within float32 rounding; bfloat16 within the bf16 output's
+    rounding, OWN_INT8 within its int8 activations' too (the reference itself reads bf16 scales)."""
     torch.manual_seed(0)
     matmul = Int4Matmul(_fp16_exact_int4(96, 128), dtype, CPU)
-    assert matmul.runs_own_kernel
+    assert matmul.has_own_kernel and matmul.packed is not None
+    matmul.kernel_choice = choice
+    own = choice in (Int4Kernel.OWN, Int4Kernel.OWN_INT8) or (choice == Int4Kernel.AUTO and dtype == torch.float32)
+    assert matmul.runs_own_kernel(dtype) == own
     x = torch.randn(rows, 128).to(dtype)
-    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[dtype]
-    matmul.use_own_kernel(False)  # torch's int4pack kernel on the same weight
-    assert not matmul.runs_own_kernel and matmul.packed is not None
-    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[dtype]
+    tolerance = 5e-2 if choice == Int4Kernel.OWN_INT8 and dtype == torch.bfloat16 else TOLERANCE[dtype]
+    assert relative_error(matmul(x), matmul.reference(x)) < tolerance
 
 
 def test_int4_quantized_at_load_keeps_torchs_kernel():
     """float32 scales are not fp16 values: the own kernel would not compute this weight exactly."""
     matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), 32), torch.bfloat16, CPU)
-    assert not matmul.runs_own_kernel and matmul.packed is not None
+    assert not matmul.has_own_kernel and matmul.packed is not None
