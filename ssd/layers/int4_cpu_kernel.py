@@ -2,10 +2,11 @@
 the cache folder, its weight layout made from the portable int4 weights, its path chosen by dtype and CPU.
 
 It serves group-32 weights whose scales and mins are exact in fp16 (the GGUF's own Q4_0 / Q4_1 values), so it
-computes the checkpoint's weights exactly. Up to MAX_ROWS rows; float32 activations run its float path (dequantize in registers; equal
-to the dequantizing reference within float32 rounding); 16-bit ones its VNNI path where the CPU has one (the
-activations rounded to int8 in groups of 32, as llama.cpp does), else the float path. Where the extension cannot
-be built, one warning is logged and the caller keeps torch's path.
+computes the checkpoint's weights exactly, for up to MAX_ROWS rows of x. Its float path (dequantize in registers,
+float32 accumulation; equal to the dequantizing reference within float32 rounding) serves every dtype; asked for
+int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path where the CPU has one (rounded to
+int8 in groups of 32, as llama.cpp does). Where the extension cannot be built, one warning is logged and the
+caller keeps torch's path. Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 """
 
 from functools import cache
