@@ -148,3 +148,23 @@ def test_int4_quantized_at_load_keeps_torchs_kernel():
     """float32 scales are not fp16 values: the own kernel would not compute this weight exactly."""
     matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), 32), torch.bfloat16, CPU)
     assert not matmul.has_own_kernel and matmul.packed is not None
+
+
+def test_a_failed_build_falls_back_to_torchs_kernel_with_one_warning(monkeypatch):
+    from structlog.testing import capture_logs
+
+    from kernels.cpu import int4_gemm as own
+    from ssd.layers import int4_cpu_kernel
+
+    def no_compiler(build_root):  # noqa: ANN001, ANN202
+        raise own.KernelBuildError("no compiler here")
+
+    int4_cpu_kernel.extension.cache_clear()
+    monkeypatch.setattr(own, "load_extension", no_compiler)
+    try:
+        with capture_logs() as logs:
+            matmuls = [Int4Matmul(_fp16_exact_int4(96, 128), torch.bfloat16, CPU) for _ in range(2)]
+        assert all(not m.has_own_kernel and m.packed is not None for m in matmuls)
+        assert [e["log_level"] for e in logs if "own int4" in e["event"]] == ["warning"]
+    finally:
+        int4_cpu_kernel.extension.cache_clear()  # the next user loads the real (cached) build again
