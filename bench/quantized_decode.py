@@ -25,8 +25,28 @@ from ssd.model_store import DEFAULT_MODEL
 from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
 
-# (name, dtype, quantization); bf16 float runs on oneDNN-packed weights (the engine's default linear backend)
-SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("int4-own", "bfloat16", "auto")]
+# (name, dtype, quantization); bf16 float runs on oneDNN-packed weights (the engine's default linear backend).
+# int4-own: the GGUF's own Q4_1 weights on the project's CPU kernel (kernels/cpu/int4_gemm); int4-torch: the same
+# weights on torch's _weight_int4pack_mm_for_cpu (bf16 scales); the -fp32 ones in float32 activations, where
+# int4-torch-fp32 is the dequantizing reference (torch has no fast float32 int4 kernel on CPU).
+# int4-own-int8act: the own kernel's VNNI path (activations rounded to int8 in groups of 32, as llama.cpp).
+SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("int4-own", "bfloat16", "auto"),
+                 ("int4-own-int8act", "bfloat16", "auto"), ("int4-torch", "bfloat16", "auto"),
+                 ("fp32", "float32", "none"), ("int4-own-fp32", "float32", "auto"), ("int4-torch-fp32", "float32", "auto")]
+
+
+def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int) -> LLM:
+    from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul
+
+    llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=8,
+              enable_prefix_caching=False,  # the timed run must prefill again, as the first did
+              kv_cache_memory_mb=256)  # 8 x 64 tokens need ~20 MB; several engines live in this one process
+    choice = {"int4-own": Int4Kernel.OWN, "int4-own-int8act": Int4Kernel.OWN_INT8, "int4-torch": Int4Kernel.TORCH,
+              "int4-torch-fp32": Int4Kernel.TORCH}.get(name, Int4Kernel.AUTO)
+    for module in llm.engine.model.modules():
+        if isinstance(module, Int4Matmul):
+            module.kernel_choice = choice
+    return llm
 
 
 def _decode_rate(llm: LLM, prompts: list[list[int]], batch: int, output_len: int) -> float:
@@ -46,9 +66,8 @@ def speed(args: argparse.Namespace) -> dict:
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        llms = {name: LLM(args.model, dtype=dtype, quantization=q, num_threads=threads, max_num_seqs=8,
-                          enable_prefix_caching=False)  # the timed run must prefill again, as the first did
-                for name, dtype, q in SPEED_CONFIGS}
+        llms = {name: _speed_llm(args, name, dtype, q, threads) for name, dtype, q in SPEED_CONFIGS
+                if name in args.configs or name == "bf16"}
         encoded = render_prompts(llms["bf16"], prompts)
         for batch in args.batch:
             best = dict.fromkeys(llms, 0.0)
@@ -170,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--numseqs", type=int, default=8, help="quality: prompts per data set")
     p.add_argument("--dtype", default="float32", help="quality: the int4 model's activation dtype")
     p.add_argument("--quantization", default="auto", help="quality: the compared model's (none: a dtype baseline)")
+    p.add_argument("--configs", type=lambda s: s.split(","), default=[c[0] for c in SPEED_CONFIGS],
+                   help="speed: which of " + ", ".join(c[0] for c in SPEED_CONFIGS) + " (bf16 is always run)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     doc = {"speed": speed, "linears": linears, "quality": quality}[args.what](args)

@@ -3,7 +3,8 @@
 Each module holds one kernel, its launcher (which validates layouts and raises ValueError) and a plain-torch
 `*_reference` twin that runs without Triton. This package imports torch and (optionally) triton only, never
 the engine. `kernels.HAS_TRITON` says whether the Triton kernels exist in this process; importing the package
-alone imports neither torch nor triton.
+alone imports neither torch nor triton. `kernels.cpu` holds C++ CPU kernels (built at first use, each with its
+launcher and plain-torch reference).
 """
 
 

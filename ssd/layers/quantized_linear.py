@@ -1,27 +1,45 @@
 """Weight-only quantized matmuls: int4 in groups along the input features, int8 per output channel.
 
-Each runs torch's packed weight-only kernel (`kernel()`) where the device has one, with `reference()` beside
-it (dequantize, then F.linear) that tests compare it with. The reference also serves float32 activations:
-torch's CPU int4 / int8 kernels have no fast float32 path (measured 10-40x slower than dequantizing for 8-40
-rows, and linear in the rows), and one path per dtype keeps a decode and a verify forward on the same
-arithmetic. The portable weights and their int4 convention are in ssd/quantized_weights.py.
+Each runs a kernel (`kernel()`) where the device has one, with `reference()` beside it (dequantize, then
+F.linear) that tests compare it with. int4 on CPU with the GGUF's own group-32 values: the project's kernel
+(ssd/layers/int4_cpu_kernel.py; float32 and 16-bit activations alike, each row on the same arithmetic whatever
+the batch). Otherwise torch's packed weight-only kernels, whose CPU int4 / int8 versions have no fast float32
+path (measured 10-40x slower than dequantizing for 8-40 rows, and linear in the rows): float32 activations run
+the reference there, so a decode and a verify forward stay on the same arithmetic. The portable weights and
+their int4 convention are in ssd/quantized_weights.py.
 """
+
+import enum
 
 import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssd.layers import int4_cpu_kernel
 from ssd.quantized_weights import Int4Weight, Int8Weight, unpack_int4_codes
 
 log = structlog.get_logger(__name__)
 
 
-class Int4Matmul(nn.Module):
-    """x @ w.T for a grouped int4 weight, through torch's int4pack kernel where the device has one.
+class Int4Kernel(enum.Enum):
+    """Which kernel an Int4Matmul runs for a few rows (`kernel_choice`), where the own CPU kernel holds its weight."""
 
-    The kernel layout is device-specific, so it is made again from the portable codes whenever the module
-    moves (`.to(device)`).
+    # float32 activations: own (torch's CPU alternative dequantizes the weight every call); 16-bit: torch's
+    # int4pack, measured as fast or faster at 1 and 8 rows on an AMX CPU (docs/benchmarks.md), own where it has none
+    AUTO = "auto"
+    OWN = "own"  # own for every dtype, float activations
+    OWN_INT8 = "own-int8"  # own; 16-bit activations rounded to int8 in groups of 32 (VNNI, as llama.cpp)
+    TORCH = "torch"  # torch's int4pack (or the reference), never own
+
+
+class Int4Matmul(nn.Module):
+    """x @ w.T for a grouped int4 weight: the project's CPU kernel for a few rows where it holds the weight
+    exactly and `kernel_choice` (Int4Kernel, default AUTO) says so, else torch's int4pack kernel where the device
+    has one, else the reference.
+
+    Torch's kernel layout is device-specific, so it is made again from the portable codes whenever the module
+    moves (`.to(device)`); the own kernel's layout (made once, from the float32 scales) runs on CPU only.
     """
 
     def __init__(self, weight: Int4Weight, dtype: torch.dtype, device: torch.device) -> None:
@@ -32,7 +50,22 @@ class Int4Matmul(nn.Module):
         sz = torch.stack([weight.scales.t(), weight.zeros.t()], -1)  # [K / g, N, 2], the kernel's layout
         self.register_buffer("scales_and_zeros", sz.to(device=device, dtype=dtype).contiguous())
         self.register_buffer("packed", None)
+        own = _own_layout(weight) if device.type == "cpu" else None
+        self.register_buffer("own_blocks", None if own is None else own[0], persistent=False)  # [N / 4, K / 64, 144]
+        self.register_buffer("own_mins", None if own is None else own[1], persistent=False)  # [N, K / 32] fp16 bits
+        self.kernel_choice = Int4Kernel.AUTO
         self._repack()
+
+    @property
+    def has_own_kernel(self) -> bool:
+        """Whether the own CPU kernel holds this weight (and runs here)."""
+        return self.own_blocks is not None and self.codes.device.type == "cpu"
+
+    def runs_own_kernel(self, dtype: torch.dtype) -> bool:
+        """Whether activations of `dtype` (up to int4_cpu_kernel.MAX_ROWS rows) run the own kernel."""
+        if not self.has_own_kernel or self.kernel_choice == Int4Kernel.TORCH:
+            return False
+        return self.kernel_choice != Int4Kernel.AUTO or dtype == torch.float32 or self.packed is None
 
     def _repack(self) -> None:
         self.packed = _int4_kernel_layout(self.codes, self.scales_and_zeros.dtype)  # None: no kernel here
@@ -43,9 +76,14 @@ class Int4Matmul(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if x.shape[0] <= int4_cpu_kernel.MAX_ROWS and self.runs_own_kernel(x.dtype):
+            return self.own_kernel(x)
         if self.packed is None or x.dtype != self.scales_and_zeros.dtype or x.dtype == torch.float32:
             return self.reference(x)
         return self.kernel(x)
+
+    def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        return int4_cpu_kernel.matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         if x.device.type == "cpu":
@@ -60,6 +98,8 @@ class Int4Matmul(nn.Module):
 
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
+        if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
+            kernel = f"own ({self.kernel_choice.value}) up to {int4_cpu_kernel.MAX_ROWS} rows, else {kernel}"
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
 
@@ -92,6 +132,16 @@ class Int8Matmul(nn.Module):
     def extra_repr(self) -> str:
         kernel = "int8pack" if self.has_kernel else "reference"
         return f"in={self.in_features}, out={self.out_features}, kernel={kernel}"
+
+
+def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The own CPU kernel's layout of `weight`; None where it cannot hold it exactly or cannot be built here."""
+    if weight.group_size != 32:
+        return None
+    layout = int4_cpu_kernel.kernel_layout(weight.scales, weight.zeros, weight.unpacked())
+    if layout is None or int4_cpu_kernel.extension() is None:
+        return None
+    return layout
 
 
 def _int4_kernel_layout(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

@@ -8,10 +8,11 @@ from ssd.config import EngineConfig, ProposerChoice, SpeculationConfig, SsdConfi
 from ssd.distributed import TensorParallel, tensor_parallel
 from ssd.errors import InvalidRequestError
 from ssd.layers.linear import ColumnParallelLinear, RowParallelLinear
+from ssd.layers.quantized_linear import Int4Matmul
 from ssd.llm import LLM
 from ssd.loader.model_loader import load_quantized_model
 from ssd.loader.safetensors_loader import iter_tensors
-from ssd.quantized_weights import quantize_int4, save_int4_cache
+from ssd.quantized_weights import Int4Weight, load_int4_cache, quantize_int4, save_int4_cache
 from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
 
@@ -145,3 +146,31 @@ def test_sharded_quantized_target_equals_the_whole_one(models, tmp_path, quantiz
     with LLM(str(folder), tensor_parallel_size=2, **options) as sharded:
         assert sharded.engine.worker.quantization.is_own == (quantization == "own")
         assert _greedy(sharded, 4) == whole
+
+
+def _copy_with_gguf_like_int4_cache(target, tmp_path):
+    """As `_copy_with_int4_cache`, with fp16 scales and mins as a GGUF's Q4_1 blocks hold (the own CPU kernel's)."""
+    folder = _copy_with_int4_cache(target, tmp_path)
+    linears = {}
+    for name, w in load_int4_cache(folder).items():
+        d = w.scales.half().float()
+        linears[name] = Int4Weight(w.codes, d, (w.zeros - 8 * w.scales).half().float() + 8 * d)
+    save_int4_cache(folder, linears, source="test")
+    return folder
+
+
+@pytest.mark.parametrize("which", ["sd-draft-model", "sd-eagle3", "ssd"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculation_equals_ar_on_the_own_int4_cpu_kernel(models, tmp_path, which, batch):
+    """The own kernel (float32 path) serves decode steps and verifies alike: sd and ssd == ar token for token."""
+    target, draft, head = models
+    folder = _copy_with_gguf_like_int4_cache(target, tmp_path)
+    ar = _llm(folder, "auto")
+    int4 = [m for m in ar.engine.worker.model.modules() if isinstance(m, Int4Matmul)]
+    assert len(int4) == 4 * 3 and all(m.runs_own_kernel(torch.float32) for m in int4)
+    spec = {"sd-draft-model": SpeculationConfig(draft=str(draft), num_speculative_tokens=3),
+            "sd-eagle3": SpeculationConfig(draft=str(head), num_speculative_tokens=3),
+            "ssd": SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+    llm = _llm(folder, "auto", spec)
+    assert _greedy(llm, batch) == _greedy(ar, batch)
+    assert llm.engine.spec.counters.num_drafts > 0

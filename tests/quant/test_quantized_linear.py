@@ -6,8 +6,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
-from ssd.quantized_weights import decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
+from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul, Int8Matmul
+from ssd.quantized_weights import Int4Weight, decode_q4_blocks, quantize_int4, quantize_int8, unpermute_rows
 
 CPU = torch.device("cpu")
 # float32: the kernels and the references sum the same products; bfloat16 rounds the activations' partial sums
@@ -118,3 +118,53 @@ def test_a_gguf_file_imports_to_hf_names_and_row_order(tmp_path):
         got = cache[f"model.layers.0.{name}"].dequantize()
         torch.testing.assert_close(got, expected[role], rtol=0, atol=1e-6)
         assert (got - torch.from_numpy(hf[role]).float()).abs().max() < 0.5  # the HF row order, not llama.cpp's
+
+
+def _fp16_exact_int4(n: int, k: int) -> Int4Weight:
+    """A group-32 weight whose scales and mins are fp16 values, like the GGUF's Q4_1 blocks."""
+    w = quantize_int4(torch.randn(n, k), 32)
+    d = w.scales.half().float()
+    return Int4Weight(w.codes, d, (w.zeros - 8 * w.scales).half().float() + 8 * d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("choice", [Int4Kernel.AUTO, Int4Kernel.OWN, Int4Kernel.OWN_INT8, Int4Kernel.TORCH])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_gguf_like_int4_on_each_kernel_choice_matches_the_reference(dtype, choice, rows):
+    """The own kernel holds the weight exactly: float32 within float32 rounding; bfloat16 within the bf16 output's
+    rounding, OWN_INT8 within its int8 activations' too (the reference itself reads bf16 scales)."""
+    torch.manual_seed(0)
+    matmul = Int4Matmul(_fp16_exact_int4(96, 128), dtype, CPU)
+    assert matmul.has_own_kernel and matmul.packed is not None
+    matmul.kernel_choice = choice
+    own = choice in (Int4Kernel.OWN, Int4Kernel.OWN_INT8) or (choice == Int4Kernel.AUTO and dtype == torch.float32)
+    assert matmul.runs_own_kernel(dtype) == own
+    x = torch.randn(rows, 128).to(dtype)
+    tolerance = 5e-2 if choice == Int4Kernel.OWN_INT8 and dtype == torch.bfloat16 else TOLERANCE[dtype]
+    assert relative_error(matmul(x), matmul.reference(x)) < tolerance
+
+
+def test_int4_quantized_at_load_keeps_torchs_kernel():
+    """float32 scales are not fp16 values: the own kernel would not compute this weight exactly."""
+    matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), 32), torch.bfloat16, CPU)
+    assert not matmul.has_own_kernel and matmul.packed is not None
+
+
+def test_a_failed_build_falls_back_to_torchs_kernel_with_one_warning(monkeypatch):
+    from structlog.testing import capture_logs
+
+    from kernels.cpu import int4_gemm as own
+    from ssd.layers import int4_cpu_kernel
+
+    def no_compiler(build_root):  # noqa: ANN001, ANN202
+        raise own.KernelBuildError("no compiler here")
+
+    int4_cpu_kernel.extension.cache_clear()
+    monkeypatch.setattr(own, "load_extension", no_compiler)
+    try:
+        with capture_logs() as logs:
+            matmuls = [Int4Matmul(_fp16_exact_int4(96, 128), torch.bfloat16, CPU) for _ in range(2)]
+        assert all(not m.has_own_kernel and m.packed is not None for m in matmuls)
+        assert [e["log_level"] for e in logs if "own int4" in e["event"]] == ["warning"]
+    finally:
+        int4_cpu_kernel.extension.cache_clear()  # the next user loads the real (cached) build again
