@@ -19,6 +19,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
     draft_temperature: float | None = None  # speculation: the draft's sampling temperature; None = temperature
     speculate: bool = True  # False: plain decoding for this request even when the engine speculates
+    adaptive: bool = False  # speculate only in batches where the engine measured it faster (ssd/engine/mode_choice.py)
     ssd: bool = False  # ask a remote draft to answer from its SSD speculation cache (in-process: the engine's config)
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (scored at prefill)
