@@ -15,6 +15,7 @@ from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.device import resolve_device
 from ssd.dtypes import dtype_name
+from ssd.engine.mode_choice import PLAIN, SPECULATE, ModeChooser
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.speculative_decoder import SpeculativeDecoder
@@ -91,6 +92,7 @@ class LLMEngine:
         if config.speculation is not None:
             proposer = proposer or build_proposer(config.speculation, self.worker, dtype_name(self.worker.dtype))
             self.speculative_decoder = SpeculativeDecoder(config.speculation, proposer, self.runner, self.block_manager)
+        self.mode_chooser = ModeChooser()  # for requests whose mode is adaptive
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(config.seed)
@@ -160,8 +162,12 @@ class LLMEngine:
             return []
         decoder = self.speculative_decoder
         k = decoder.config.lookahead_for(len(batch.seqs)) if decoder is not None else 0
-        if batch.mode == ForwardMode.DECODE and k > 0:
-            outcomes, new_logprobs = self.speculative_decoder.run_round(batch.seqs, k)
+        adaptive = batch.mode == ForwardMode.DECODE and k > 0 and any(s.params.adaptive for s in batch.seqs)
+        choice = self.mode_chooser.choose(len(batch.seqs)) if adaptive else SPECULATE
+        started = time.perf_counter()
+        if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):
+            plain = frozenset(s.seq_id for s in batch.seqs if s.params.adaptive) if choice == PLAIN else frozenset()
+            outcomes, new_logprobs = decoder.run_round(batch.seqs, k, plain)
         else:
             batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
             if not batch.seqs:
@@ -169,7 +175,15 @@ class LLMEngine:
             tokens, new_logprobs = self._sample(batch, items, logits)
             outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens,
                                                                                         strict=True)]
+        if adaptive:
+            self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
+                                     sum(len(o.new_tokens) for o in outcomes))
         return self._commit(batch, outcomes, new_logprobs)
+
+    @staticmethod
+    def _speculates(seqs: list[Sequence], choice: str) -> bool:
+        """Whether a decode batch takes a speculative round: some sequence speculates under `choice`."""
+        return any(s.params.is_speculative and (choice == SPECULATE or not s.params.adaptive) for s in seqs)
 
     def _forward(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[ForwardItem], torch.Tensor]:
         """Feed each sequence its scheduled tokens. A prompt chunk that leaves more of the prompt to feed only

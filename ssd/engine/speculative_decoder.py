@@ -83,11 +83,13 @@ class SpeculativeDecoder:
         positions = [start, *(start + d for d in speculation.depths())]
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
-    def run_round(self, seqs: list[Sequence], k: int) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
+    def run_round(self, seqs: list[Sequence], k: int, plain: frozenset[int] = frozenset(),
+                  ) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
         """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
-        the logprobs of those tokens for the sequences that asked (None for the others)."""
+        the logprobs of those tokens for the sequences that asked (None for the others). Sequences in `plain`
+        (and those that never speculate) take a plain decode step in the same forward."""
         started = time.perf_counter()
-        asking = [s for s in seqs if s.params.is_speculative]  # the others take a plain decode step in the same forward
+        asking = [s for s in seqs if s.params.is_speculative and s.seq_id not in plain]
         proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
                             strict=True)) if asking else {}
         speculations = [self._with_forced_tokens(s, proposed[s.seq_id], k) if s.seq_id in proposed else Speculation([])
@@ -107,7 +109,7 @@ class SpeculativeDecoder:
                 rows = torch.tensor([offset, *(offset + a for a in outcome.accepted_nodes)],
                                     device=out.aux_hidden.device)
                 self.add_features(seq, item.start_position, out.aux_hidden[rows])
-            if seq.params.is_speculative:
+            if seq.seq_id in proposed:
                 for counters in (self.counters, seq.spec_counters):
                     counters.record(speculation.num_tokens, outcome.num_accepted, len(outcome.tokens),
                                     speculation.cache_hit, speculation.predicted_hit)

@@ -22,6 +22,7 @@ class SamplingParams:
     # None: as the engine's config says. AR: plain decoding even when the engine speculates. SD / SSD: speculate,
     # asking a remote draft for that mode (in one process the engine's config decides between the two).
     mode: DecodeMode | None = None
+    adaptive: bool = False  # speculate only in batches where the engine measured it faster (ssd/engine/mode_choice.py)
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives; None = off
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (scored at prefill)
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated, in [-2, 2]

@@ -88,3 +88,23 @@ def test_speculative_sampling_with_repetition_penalty_and_min_p_matches_the_adju
 def test_joint_distribution_sums_to_one(setup):
     assert abs(sum(setup[2].values()) - 1.0) < 1e-9
     assert torch.isfinite(torch.tensor(list(setup[2].values()))).all()
+
+
+def test_switching_between_speculation_and_plain_steps_matches_target_distribution(setup):
+    """Adaptive requests (issue 28.3) under a chooser that flips between a speculative round and a plain step at
+    every step: each step is exact on its own, so the tokens still follow the target."""
+    from ssd.engine.mode_choice import PLAIN, SPECULATE, ModeChooser
+
+    class Alternating(ModeChooser):
+        def choose(self, batch_size: int) -> str:
+            return PLAIN if sum(self.num_rounds.values()) % 2 else SPECULATE
+
+    llm = LLM(str(setup[0]), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
+              speculation=_spec(setup, "draft-q"))
+    llm.engine.mode_chooser = Alternating()
+    params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True, adaptive=True)
+              for i in range(NUM_RUNS)]
+    samples = [tuple(o.token_ids) for o in llm.generate([PROMPT] * NUM_RUNS, params)]
+    rounds = llm.engine.mode_chooser.num_rounds
+    assert rounds[PLAIN] > 0 and rounds[SPECULATE] > 0
+    assert chi_square_pvalue(samples, setup[2]) > 0.001
