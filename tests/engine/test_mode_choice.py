@@ -3,7 +3,7 @@ choice now and then, and never changes the tokens (greedy output identical acros
 
 import pytest
 
-from ssd.config import SpeculationConfig
+from ssd.config import ProposerChoice, SpeculationConfig
 from ssd.engine.mode_choice import PLAIN, SPECULATE, ModeChooser, bucket_of
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
@@ -70,7 +70,7 @@ def test_greedy_output_identical_across_switches(tiny_llama_and_draft):
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
     opts = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8)
     plain = LLM(str(target), **opts).generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
-    llm = LLM(str(target), speculation=SpeculationConfig(draft=str(draft), num_speculative_tokens=3), **opts)
+    llm = LLM(str(target), speculation=SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3), **opts)
     llm.engine.mode_chooser = _Alternating()
     outs = llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True))
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
@@ -80,7 +80,7 @@ def test_greedy_output_identical_across_switches(tiny_llama_and_draft):
 
 def test_a_request_that_names_its_mode_keeps_it(tiny_llama_and_draft):
     target, draft = tiny_llama_and_draft
-    llm = LLM(str(target), speculation=SpeculationConfig(draft=str(draft), num_speculative_tokens=3),
+    llm = LLM(str(target), speculation=SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
               dtype="float32", block_size=4, kv_cache_memory_mb=8)
     llm.engine.mode_chooser = _Alternating()
     fixed = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=16, ignore_eos=True))[0]

@@ -168,9 +168,9 @@ def test_greedy_speculation_equals_ar_on_the_own_int4_cpu_kernel(models, tmp_pat
     ar = _llm(folder, "auto")
     int4 = [m for m in ar.engine.worker.model.modules() if isinstance(m, Int4Matmul)]
     assert len(int4) == 4 * 3 and all(m.runs_own_kernel(torch.float32) for m in int4)
-    spec = {"sd-draft-model": SpeculationConfig(draft=str(draft), num_speculative_tokens=3),
-            "sd-eagle3": SpeculationConfig(draft=str(head), num_speculative_tokens=3),
-            "ssd": SpeculationConfig(draft=str(draft), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+    spec = {"sd-draft-model": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
+            "sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
+            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
     llm = _llm(folder, "auto", spec)
     assert _greedy(llm, batch) == _greedy(ar, batch)
     assert llm.engine.spec.counters.num_drafts > 0
