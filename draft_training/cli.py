@@ -122,12 +122,18 @@ def _train_minutes(max_train: float | None, max_total: float | None, data_second
 def _cmd_eval(args: argparse.Namespace) -> int:
     from bench.datasets import load_prompts  # noqa: PLC0415 - the held-out sets live with the benchmarks
     from draft_training.evaluate import EvalConfig, HeldOutPrompt, evaluate_head, format_report
+    from ssd.speculation.factory import is_eagle3_folder
 
     prompts = [HeldOutPrompt(p.dataset, p.text, p.is_chat) for p in load_prompts("all", args.num_prompts)]
     config = EvalConfig(target=_resolve(args.target), draft=args.draft, num_prompts=args.num_prompts,
                         max_new_tokens=args.max_new_tokens, tree_budget=args.tree_budget, dtype=args.dtype,
                         num_threads=args.threads, **step_options_from_args(args))
-    report = evaluate_head(config, prompts)
+    if is_eagle3_folder(Path(_resolve(args.draft))):
+        report = evaluate_head(config, prompts)
+    else:  # a draft model (`train-draft --kind model`)
+        from draft_training.model_eval import evaluate_draft_model
+
+        report = evaluate_draft_model(config, prompts)
     text = format_report(report)
     print(text)
     if args.json:
@@ -215,7 +221,8 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
                    help="time budget for data + training: training stops early enough for the whole run to fit")
     t.set_defaults(func=_cmd_train)
 
-    e = sub.add_parser("eval-draft", help="acceptance of a draft head on held-out MT-Bench + HumanEval prompts")
+    e = sub.add_parser("eval-draft", help="acceptance of a draft (an EAGLE-3 head or a draft model) on held-out "
+                                          "MT-Bench + HumanEval prompts")
     e.add_argument("--target", required=True)
     e.add_argument("--draft", required=True)
     e.add_argument("--num-prompts", type=int, default=16, help="per data set")
