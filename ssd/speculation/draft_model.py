@@ -6,9 +6,10 @@ node (by cumulative draft log-probability) are kept under the node budget, and o
 per depth (tree mask over the draft's own KV) scores the new frontier. Tree KV is scratch: after
 the round only the committed prefix counts.
 
-The draft reads target ids; its LM head may cover a trimmed vocabulary (ssd/loader/draft_checkpoint.py). Here its
-logits are widened to the target's at once (-inf outside: ~0.1 ms a row against milliseconds of a draft step);
-SSD's branch logic (paged_branches.py) keeps them trimmed.
+The draft reads target ids; its LM head may cover a trimmed vocabulary (ssd/loader/draft_checkpoint.py). Greedy
+chains pick in that vocabulary and map the token; sampled chains, grammars and trees widen the logits to the
+target's first (-inf outside; q must be in the target's vocabulary: ~0.1-0.25 ms a row). SSD's branch logic
+(paged_branches.py) keeps them trimmed.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from ssd.loader.draft_checkpoint import output_token_ids
 from ssd.runtime.model_runner import ForwardItem
 from ssd.runtime.model_worker import ModelWorker
 from ssd.speculation.draft_sampling import constrain_rows, pick_tokens
-from ssd.speculation.draft_vocab import DraftVocab
+from ssd.speculation.draft_vocab import DraftVocab, target_vocab
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
@@ -100,7 +101,11 @@ class DraftModelProposer:
         k = max(r.num_tokens for r in requests)
         runner = self.worker.runner
         items = [self._catch_up_item(r, k) for r in requests]
-        logits = self._target_logits(runner.forward(items, ForwardMode.VERIFY).logits)  # [B, V]
+        # Greedy without grammars needs no q and no masking: argmax in the draft's vocabulary, then its target id
+        is_greedy = all(r.temperature <= 0 and r.grammar is None for r in requests)
+        vocab = self.vocab if is_greedy else target_vocab(self.vocab.target_size)  # the picked ids' vocabulary
+        widen = (lambda x: x) if is_greedy else self._target_logits  # noqa: E731
+        logits = widen(runner.forward(items, ForwardMode.VERIFY).logits)  # [B, Vd] greedy, else [B, V]
         tokens: list[list[int]] = [[] for _ in requests]
         qs: list[list[torch.Tensor | None]] = [[] for _ in requests]
         temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
@@ -108,6 +113,7 @@ class DraftModelProposer:
         for step in range(k):
             logits = constrain_rows(logits, grammars, tokens)
             picked, q_rows = pick_tokens(logits, temps, gens, scales, step)
+            picked = vocab.to_target(picked)
             for i, (t, q) in enumerate(zip(picked, q_rows, strict=True)):
                 tokens[i].append(t)
                 qs[i].append(q)
@@ -117,7 +123,7 @@ class DraftModelProposer:
                 ForwardItem([t], len(r.token_ids) + step, self.seqs[r.seq_id].block_table)
                 for r, t in zip(requests, picked, strict=True)
             ]
-            logits = self._target_logits(runner.forward(step_items, ForwardMode.DECODE).logits)  # [B, V]
+            logits = widen(runner.forward(step_items, ForwardMode.DECODE).logits)
         for r in requests:  # KV now holds the committed tokens and s_1..s_{K-1}
             self.seqs[r.seq_id].num_cached_tokens = len(r.token_ids) + k - 1
         return [
