@@ -52,16 +52,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     log.info("draft data ready", shards=len(shards), seconds=round(data_s))
     if args.data_only:
         return 0
-    from draft_training.trainer import TrainConfig, train_head
-
     max_train_minutes = _train_minutes(args.max_train_minutes, args.max_total_minutes, data_s)
-    train = TrainConfig(
-        target=data.target, seed=args.seed, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
-        num_unroll=args.unroll, unroll_warmup_fraction=args.unroll_warmup_fraction,
-        draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab, max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight,
-        max_train_minutes=max_train_minutes, aux_layers=aux_layers, intermediate_size=args.intermediate_size,
-    )
-    summary = train_head(train, shards, out, work / "checkpoints")
+    checkpoints = work / ("checkpoints" if args.kind == "eagle3" else f"checkpoints-model-{args.layers}")
+    summary = _train(args, data.target, shards, out, checkpoints, max_train_minutes, aux_layers)
     num_generated = sum(1 for p in shards if p.name.startswith("shard-"))
     summary.update(
         data_seconds=round(data_s), total_seconds=round(time.perf_counter() - started), top_k=args.top_k,
@@ -76,6 +69,38 @@ def _cmd_train(args: argparse.Namespace) -> int:
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("train-draft done", **summary)
     return 0
+
+
+def _train(args: argparse.Namespace, target: str, shards: list[Path], out: Path, checkpoints: Path,
+           max_train_minutes: float | None, aux_layers: tuple[int, int, int]) -> dict:
+    """Train the draft `--kind` names on the data stage; returns its summary."""
+    common = {k: v for k, v in {"lr": args.lr, "batch_tokens": args.batch_tokens}.items() if v is not None}
+    vocab = dict(draft_vocab_coverage=args.vocab_coverage, min_draft_vocab=args.min_draft_vocab,
+                 max_draft_vocab=args.max_draft_vocab, prompt_loss_weight=args.prompt_loss_weight)
+    if args.kind == "model":
+        from draft_training.model_trainer import ModelTrainConfig, train_draft_model
+
+        config = ModelTrainConfig(target=target, num_layers=args.layers, init_layers=args.init_layers, seed=args.seed,
+                                  epochs=args.epochs, max_train_minutes=max_train_minutes, **common, **vocab)
+        return train_draft_model(config, shards, out, checkpoints)
+    from draft_training.trainer import TrainConfig, train_head
+
+    train = TrainConfig(
+        target=target, seed=args.seed, epochs=args.epochs, num_unroll=args.unroll,
+        unroll_warmup_fraction=args.unroll_warmup_fraction, max_train_minutes=max_train_minutes,
+        aux_layers=aux_layers, intermediate_size=args.intermediate_size, **common, **vocab,
+    )
+    return train_head(train, shards, out, checkpoints)
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        layers = ()
+    if not layers or min(layers) < 0 or list(layers) != sorted(set(layers)):
+        raise argparse.ArgumentTypeError(f"expected increasing layer indices like 0,10,19,29; got {text!r}")
+    return layers
 
 
 # Loading the data, the last validation pass and saving the head take about this long after training stops.
@@ -99,12 +124,18 @@ def _train_minutes(max_train: float | None, max_total: float | None, data_second
 def _cmd_eval(args: argparse.Namespace) -> int:
     from bench.datasets import load_prompts  # noqa: PLC0415 - the held-out sets live with the benchmarks
     from draft_training.evaluate import EvalConfig, HeldOutPrompt, evaluate_head, format_report
+    from ssd.speculation.factory import is_eagle3_folder
 
     prompts = [HeldOutPrompt(p.dataset, p.text, p.is_chat) for p in load_prompts("all", args.num_prompts)]
     engine = EngineConfig(_resolve(args.target), **options_from_args(args, EVAL_ENGINE_FIELDS))
     config = EvalConfig(engine, draft=args.draft, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                         tree_budget=args.tree_budget)
-    report = evaluate_head(config, prompts)
+    if is_eagle3_folder(Path(_resolve(args.draft))):
+        report = evaluate_head(config, prompts)
+    else:  # a draft model (`train-draft --kind model`)
+        from draft_training.model_eval import evaluate_draft_model
+
+        report = evaluate_draft_model(config, prompts)
     text = format_report(report)
     print(text)
     if args.json:
@@ -141,12 +172,21 @@ def _fraction(text: str) -> float:
 
 def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     """Register `train-draft` and `eval-draft` on the `ssd` command's subparsers."""
-    t = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a target by self-distillation")
+    t = sub.add_parser("train-draft", help="train a draft for a target by self-distillation: an EAGLE-3 head "
+                                           "(--kind eagle3) or a small draft model (--kind model)")
     t.add_argument("--target", required=True, help="target checkpoint folder or known model name")
     t.add_argument("--out", required=True, help="folder for the trained head (config.json, model.safetensors)")
     t.add_argument("--work-dir", default=None,
-                   help="feature cache and checkpoints (resumable); default <cache>/draft-training/<OUT name>")
+                   help="feature cache and checkpoints (resumable); default <cache>/draft-training/<OUT name>; "
+                        "another run's folder reuses its data stage (each kind keeps its own checkpoints)")
     t.add_argument("--data-only", action="store_true", help="stop after generating the training data")
+    t.add_argument("--kind", choices=("eagle3", "model"), default="eagle3",
+                   help="eagle3: a head over the target's features; model: a small Llama of --layers target layers "
+                        "with the target's embedding (shared, not saved) and a trimmed LM head")
+    t.add_argument("--layers", type=int, default=3, help="--kind model: decoder layers of the draft")
+    t.add_argument("--init-layers", type=_layer_list, default=None, metavar="I,J,..",
+                   help="--kind model: the target layers copied into the draft (default: --layers of them, evenly "
+                        "spaced from the first to the last)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--num-chat", type=int, default=400)
     t.add_argument("--num-code-stubs", type=int, default=176)
@@ -164,8 +204,9 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--top-k", type=int, default=16, help="target log-probs kept per position")
     add_config_flags(t, ("dtype", "num_threads"), whose="the target's (for the data)")
     t.add_argument("--epochs", type=float, default=8.0)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--batch-tokens", type=int, default=512)
+    t.add_argument("--lr", type=float, default=None, help="default: 1e-3 (eagle3), 5e-4 (model)")
+    t.add_argument("--batch-tokens", type=int, default=None, help="padded positions a batch; default 512 (eagle3), "
+                                                                   "1024 (model)")
     t.add_argument("--unroll", type=int, default=3, help="training-time-test steps (1 = no unroll)")
     t.add_argument("--unroll-warmup-fraction", type=_fraction, default=0.5, metavar="F",
                    help="share of the training budget spent at one unroll step before the full --unroll starts "
@@ -181,7 +222,8 @@ def add_draft_training_commands(sub: argparse._SubParsersAction) -> None:
                    help="time budget for data + training: training stops early enough for the whole run to fit")
     t.set_defaults(func=_cmd_train)
 
-    e = sub.add_parser("eval-draft", help="acceptance of a draft head on held-out MT-Bench + HumanEval prompts")
+    e = sub.add_parser("eval-draft", help="acceptance of a draft (an EAGLE-3 head or a draft model) on held-out "
+                                          "MT-Bench + HumanEval prompts")
     e.add_argument("--target", required=True)
     e.add_argument("--draft", required=True)
     e.add_argument("--num-prompts", type=int, default=16, help="per data set")

@@ -2,12 +2,14 @@
 
 One sequence of n target tokens x_0..x_{n-1} gives n-1 head positions: position j reads (x_{j+1}, g_j) and
 learns the target's distribution after x_{j+1} (stored row j+1). Unroll step s at position j learns row j+1+s.
+A draft model (ModelBatch) needs no features: its position j reads x_j and learns stored row j.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ssd.errors import InvalidRequestError
@@ -22,12 +24,22 @@ class DistilledSequence:
     prompt_len: int
 
 
-def load_sequences(shards: list[Path], min_len: int = 3) -> list[DistilledSequence]:
+def _read_shard(path: Path, with_features: bool) -> dict[str, torch.Tensor]:
+    if with_features:
+        return load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:  # the features are most of a shard's bytes
+        t = {k: f.get_tensor(k) for k in f.keys() if k != "features"}  # noqa: SIM118 - safe_open is not a mapping
+    t["features"] = torch.zeros(int(t["seq_starts"][-1]), 0, dtype=torch.bfloat16)  # [N, 0]
+    return t
+
+
+def load_sequences(shards: list[Path], min_len: int = 3, with_features: bool = True) -> list[DistilledSequence]:
+    """Every sequence of at least `min_len` tokens; without features, `features` is [n, 0] (draft models)."""
     if not shards:
         raise InvalidRequestError("no training data shards")
     sequences = []
     for path in shards:
-        t = load_file(str(path))
+        t = _read_shard(path, with_features)
         starts = t["seq_starts"].tolist()
         for i, prompt_len in enumerate(t["prompt_lens"].tolist()):
             a, b = starts[i], starts[i + 1]
@@ -73,6 +85,38 @@ def make_batch(seqs: list[DistilledSequence], target_to_draft: torch.Tensor, num
         r = torch.arange(n)
         weights[i, :n] = torch.where(r + 2 >= s.prompt_len, 1.0, prompt_loss_weight)
     return Batch(input_ids, features, mask, label_ids, label_probs, weights)
+
+
+@dataclass(frozen=True)
+class ModelBatch:
+    """A draft model's batch: position j reads x_j and learns the target's distribution after it (row j)."""
+
+    input_ids: torch.Tensor  # [B, L] target ids; 0 in padding
+    attention_mask: torch.Tensor  # [B, L] bool: real positions
+    label_ids: torch.Tensor  # [B, L, k] draft ids of the target's top-k after x_j; -1 = not in the draft vocab
+    label_probs: torch.Tensor  # [B, L, k] their probabilities (0 where -1 or padding)
+    weights: torch.Tensor  # [B, L] loss weight of each position (0 = padding)
+
+
+def make_model_batch(seqs: list[DistilledSequence], target_to_draft: torch.Tensor,
+                     prompt_loss_weight: float) -> ModelBatch:
+    """Right-padded; row j of a sequence predicts x_{j+1}: an answer token (weight 1) when j + 1 >= prompt_len."""
+    b, length = len(seqs), max(len(s.tokens) for s in seqs)
+    k = seqs[0].topk_ids.shape[1]
+    input_ids = torch.zeros(b, length, dtype=torch.long)
+    mask = torch.zeros(b, length, dtype=torch.bool)
+    label_ids = torch.full((b, length, k), -1, dtype=torch.long)
+    label_probs = torch.zeros(b, length, k)
+    weights = torch.zeros(b, length)
+    for i, s in enumerate(seqs):
+        n = len(s.tokens)
+        ids = target_to_draft[s.topk_ids]  # [n, k]
+        input_ids[i, :n] = s.tokens
+        mask[i, :n] = True
+        label_ids[i, :n] = ids
+        label_probs[i, :n] = s.topk_logprobs.exp() * (ids >= 0)
+        weights[i, :n] = torch.where(torch.arange(n) + 1 >= s.prompt_len, 1.0, prompt_loss_weight)
+    return ModelBatch(input_ids, mask, label_ids, label_probs, weights)
 
 
 def batch_plan(lengths: list[int], batch_tokens: int, generator: torch.Generator) -> list[list[int]]:

@@ -132,11 +132,11 @@ def format_report(report: dict[str, Any]) -> str:
              "| K | mean tokens / round | acceptance per position (conditional) |", "|---|---|---|"]
     for k, s in report["chain"].items():
         lines.append(f"| {k} | {s['mean_tokens_per_round']:.3f} | {' '.join(f'{a:.2f}' for a in s['acceptance_per_position'])} |")
-    tree = report["tree"]
+    tree = report.get("tree")  # a draft model's report has none
     temp = report["temperature"]
-    lines += ["", f"tree (best-first, branching {tree['branching']}, {tree['budget']} draft tokens): "
-              f"{tree['mean_tokens_per_round']:.3f} tokens / round (greedy)",
-              f"temperature {temp['temperature']} chain K={temp['k']} (expected, sum of min(p, q)): "
+    lines += [""] + ([f"tree (best-first, branching {tree['branching']}, {tree['budget']} draft tokens): "
+                      f"{tree['mean_tokens_per_round']:.3f} tokens / round (greedy)"] if tree else [])
+    lines += [f"temperature {temp['temperature']} chain K={temp['k']} (expected, sum of min(p, q)): "
               f"{temp['mean_tokens_per_round']:.3f} tokens / round; per position "
               f"{' '.join(f'{a:.2f}' for a in temp['acceptance_per_position'])}"]
     for name, s in report["by_dataset"].items():

@@ -5,10 +5,10 @@ Training can run as a curriculum of two phases: plain teacher forcing (one unrol
 budget, then the full unroll from those weights with a fresh optimizer and learning-rate schedule.
 
 Deterministic for a seed (batch order, initialization) unless `max_train_minutes` cuts training short.
-A checkpoint (head + optimizer + phase + step) is written after every epoch and resumed from when present.
+A checkpoint (head + optimizer + phase + step) is written after every epoch and resumed from when present
+(the loop, shared with the draft-model trainer, is train_loop.py).
 """
 
-import math
 import random
 import time
 from dataclasses import asdict, dataclass, replace
@@ -17,10 +17,11 @@ from typing import Any
 
 import structlog
 import torch
-from tqdm.auto import tqdm
 
+from draft_training import train_loop
 from draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
 from draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
+from draft_training.train_loop import make_optimizer
 from draft_training.unroll import unrolled_logits
 from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.errors import InvalidRequestError
@@ -30,8 +31,6 @@ from ssd.model_config import load_model_config
 from ssd.models.eagle3 import Eagle3Config, Eagle3Head
 
 log = structlog.get_logger(__name__)
-
-LOG_EVERY = 20  # training steps between progress-bar updates and log lines of loss and top-1
 
 
 @dataclass(frozen=True)
@@ -103,24 +102,11 @@ def batch_loss(head: Eagle3Head, batch: Batch, config: TrainConfig,
     return total, losses, agree
 
 
-def trained_parameters(head: Eagle3Head) -> list[torch.nn.Parameter]:
-    return [p for p in head.parameters() if p.requires_grad]  # the shared embeddings stay frozen
-
-
-def make_optimizer(head: Eagle3Head, config: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(trained_parameters(head), lr=config.lr, weight_decay=config.weight_decay,
-                             betas=(0.9, 0.95), fused=True)  # one kernel for all parameters (the per-tensor loop was ~7% of a step)
-
-
 def optimizer_step(head: Eagle3Head, optimizer: torch.optim.Optimizer, batch: Batch, config: TrainConfig,
                    with_top1: bool) -> tuple[list[float], list[float]]:
     """One clipped AdamW step on a batch; returns batch_loss's per-unroll-step losses and top-1 agreement."""
-    loss, losses, agree = batch_loss(head, batch, config, with_top1)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(trained_parameters(head), config.grad_clip)
-    optimizer.step()
-    return losses, agree
+    loss = lambda b, top1: batch_loss(head, b, config, top1)  # noqa: E731
+    return train_loop.optimizer_step(head, optimizer, loss, batch, config, with_top1)
 
 
 def init_head(config: TrainConfig, vocab: DraftVocab) -> Eagle3Head:
@@ -195,22 +181,6 @@ def training_phases(config: TrainConfig) -> list[TrainConfig]:
     return [part(1, share), part(config.num_unroll, 1.0 - share)]
 
 
-@dataclass
-class _Run:
-    """What every phase of one training run shares: the data, the validation batches and the history."""
-
-    config: TrainConfig
-    train_seqs: list[DistilledSequence]
-    t2d_index: torch.Tensor  # [V] target id -> draft id, -1 outside the draft vocabulary
-    val_batches: list[Batch]
-    checkpoints: Path
-    history: list[dict[str, Any]]
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(s.tokens) for s in self.train_seqs]
-
-
 def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: Path) -> dict[str, Any]:
     """Train, save the head to `out` (bfloat16), return a summary for the model card."""
     started = time.perf_counter()
@@ -228,8 +198,8 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
     generator = torch.Generator().manual_seed(config.seed)
     val_batches = [make_batch([val_seqs[i] for i in g], t2d_index, config.num_unroll, config.prompt_loss_weight)
                    for g in batch_plan([len(s.tokens) for s in val_seqs], config.batch_tokens, generator)]
-    run = _Run(config, train_seqs, t2d_index, val_batches, checkpoints, [])
-    resumed = _resume(head, checkpoints, config)
+    state = train_loop.LoopState(config, train_seqs, checkpoints, [])
+    resumed = train_loop.resume(head, checkpoints, config)
     first_phase = resumed["phase"] if resumed else 0
     steps = 0
     train_started = time.perf_counter()
@@ -244,93 +214,22 @@ def train_head(config: TrainConfig, shards: list[Path], out: Path, checkpoints: 
         if resumed and index == first_phase:
             optimizer.load_state_dict(resumed["optimizer"])
             step = resumed["step"]
-        steps += _train_phase(head, optimizer, run, index, phase, step)
+        steps += _train_phase(head, optimizer, state, t2d_index, val_batches, index, phase, step)
     save_eagle3_head(head, out, dtype=torch.bfloat16)
     return {
         "train_config": asdict(config), "aux_layers": list(head.config.aux_layers), "draft_vocab_size": vocab.size,
         "draft_vocab_coverage": round(vocab.coverage, 4), "train_sequences": len(train_seqs),
-        "train_positions": sum(run.lengths), "steps": steps, "phases": len(phases),
-        "train_seconds": round(time.perf_counter() - started), "validation": run.history,
+        "train_positions": sum(state.lengths), "steps": steps, "phases": len(phases),
+        "train_seconds": round(time.perf_counter() - started), "validation": state.history,
     }
 
 
-def _train_phase(head: Eagle3Head, optimizer: torch.optim.Optimizer, run: _Run, index: int, phase: TrainConfig,
-                 step: int) -> int:
+def _train_phase(head: Eagle3Head, optimizer: torch.optim.Optimizer, state: train_loop.LoopState,
+                 t2d_index: torch.Tensor, val_batches: list[Batch], index: int, phase: TrainConfig, step: int) -> int:
     """Train one phase from `step` until its steps or its time run out; returns the steps this phase took in all."""
-    lengths = run.lengths
-    steps_per_epoch = len(batch_plan(lengths, phase.batch_tokens, torch.Generator().manual_seed(0)))
-    total_steps = max(1, int(phase.epochs * steps_per_epoch))
-    make = lambda group: make_batch(group, run.t2d_index, phase.num_unroll, phase.prompt_loss_weight)  # noqa: E731
-    log.info("training", phase=index, unroll=phase.num_unroll, sequences=len(run.train_seqs),
-             val_sequences=sum(b.input_ids.shape[0] for b in run.val_batches), positions=sum(lengths),
-             steps=total_steps, steps_per_epoch=steps_per_epoch, resumed_at=step,
-             params=sum(p.numel() for p in trained_parameters(head)))
-    bar = tqdm(total=total_steps, initial=step, desc=f"train draft (unroll {phase.num_unroll})", unit="step")
-    train_started = time.perf_counter()
-    progress = lambda: max(step / total_steps, _time_fraction(train_started, phase.max_train_minutes))  # noqa: E731
-    epoch = step // steps_per_epoch
-    while progress() < 1.0:
-        plan = batch_plan(lengths, phase.batch_tokens, torch.Generator().manual_seed(phase.seed + epoch))
-        for group in plan[step % steps_per_epoch :]:
-            lr = _learning_rate(phase, step, progress())
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            is_logged = (step + 1) % LOG_EVERY == 0
-            losses, agree = optimizer_step(head, optimizer, make([run.train_seqs[i] for i in group]), phase, is_logged)
-            step += 1
-            bar.update(1)
-            if is_logged:
-                bar.set_postfix(loss=f"{losses[0]:.3f}", top1=f"{agree[0]:.3f}")
-                log.info("train step", phase=index, step=step, loss=[round(x, 3) for x in losses],
-                         top1=[round(x, 3) for x in agree], lr=round(lr, 6), progress=round(progress(), 3))
-            if progress() >= 1.0:
-                break
-        epoch += 1
-        metrics = _evaluate(head, run.val_batches, run.config)
-        run.history.append({"phase": index, "step": step, **metrics})
-        log.info("validation", phase=index, epoch=epoch, step=step, **metrics)
-        _save_checkpoint(head, optimizer, index, step, run.checkpoints, run.config)
-    bar.close()
-    return step
-
-
-def _time_fraction(started: float, max_minutes: float | None) -> float:
-    return (time.perf_counter() - started) / (60 * max_minutes) if max_minutes else 0.0
-
-
-def _learning_rate(config: TrainConfig, step: int, progress: float) -> float:
-    """Linear warm-up, then cosine decay over training progress (steps, or the time budget if that runs out first)."""
-    warmup = min(1.0, (step + 1) / config.warmup_steps)
-    return config.lr * warmup * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def _save_checkpoint(head: Eagle3Head, optimizer: torch.optim.Optimizer, phase: int, step: int,
-                     folder: Path, config: TrainConfig) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "phase": phase, "step": step,
-             "config": asdict(config)}
-    tmp = folder / "latest.pt.tmp"
-    torch.save(state, tmp)
-    tmp.rename(folder / "latest.pt")
-
-
-# Options added after checkpoints were first written, with the value an older checkpoint was trained with.
-_ADDED_OPTIONS = {"unroll_warmup_fraction": 0.0}
-
-
-def _trained_options(config: dict[str, Any]) -> dict[str, Any]:
-    """The options that decide what a checkpoint holds; a time cap only decides when training stops."""
-    return {k: v for k, v in {**_ADDED_OPTIONS, **config}.items() if k != "max_train_minutes"}
-
-
-def _resume(head: Eagle3Head, folder: Path, config: TrainConfig) -> dict[str, Any] | None:
-    """Load the checkpoint's head; return its optimizer state, phase and step (None: start from scratch)."""
-    path = folder / "latest.pt"
-    if not path.is_file():
-        return None
-    state = torch.load(path, weights_only=False)
-    if _trained_options(state["config"]) != _trained_options(asdict(config)):
-        log.warning("checkpoint was trained with other options; starting over", checkpoint=str(path))
-        return None
-    head.load_state_dict(state["head"])
-    return {"optimizer": state["optimizer"], "phase": int(state.get("phase", 0)), "step": int(state["step"])}
+    objective = train_loop.Objective(
+        make_batch=lambda group: make_batch(group, t2d_index, phase.num_unroll, phase.prompt_loss_weight),
+        loss=lambda batch, with_top1: batch_loss(head, batch, phase, with_top1),
+        evaluate=lambda: _evaluate(head, val_batches, state.run_config))
+    return train_loop.train_epochs(head, optimizer, objective, state, phase, index, step,
+                                   desc=f"train draft (unroll {phase.num_unroll})")

@@ -38,7 +38,15 @@ class ModelConfig:
     rope: RopeConfig
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # Rows of the LM head when it covers a trimmed output vocabulary (a draft model's, mapped to input ids by
+    # the folder's `d2t` tensor: ssd/loader/draft_checkpoint.py); None = vocab_size (the usual case)
+    output_vocab_size: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Rows of the LM head: the logits' width."""
+        return self.output_vocab_size or self.vocab_size
 
 
 def _rope_from(raw: dict[str, Any]) -> RopeConfig:
@@ -99,6 +107,7 @@ def load_model_config(folder: Path) -> ModelConfig:
             rope=_rope_from(raw),
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
+            output_vocab_size=int(raw["output_vocab_size"]) if raw.get("output_vocab_size") else None,
             raw=raw,
         )
     except KeyError as e:

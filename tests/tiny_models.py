@@ -1,5 +1,7 @@
 """Tiny random-weight HF checkpoints written to a temp folder (no downloads, seconds to build)."""
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -56,4 +58,20 @@ def write_tiny_checkpoint(folder: Path, kind: str = "llama", seed: int = 0, dtyp
                 p.normal_(0, 0.1)
     model.eval()
     model.save_pretrained(folder)
+    return model
+
+
+def write_trimmed_draft(folder: Path, target: Path, target_ids: list[int], seed: int = 1, **overrides: Any):  # type: ignore[no-untyped-def]
+    """A random draft model over `target`'s vocabulary with its LM head trimmed to `target_ids` and the input
+    embedding shared from `target` (ssd/loader/draft_checkpoint.py); returns the HF model it was cut from."""
+    from ssd.loader.draft_checkpoint import EMBED_KEY, save_draft_model
+
+    scratch = folder / "full"
+    model = write_tiny_checkpoint(scratch, "llama", seed=seed, **overrides)
+    ids = torch.tensor(target_ids)
+    weights = {k: v for k, v in model.state_dict().items() if k != EMBED_KEY}
+    weights["lm_head.weight"] = weights["lm_head.weight"][ids]
+    config = json.loads((scratch / "config.json").read_text())
+    save_draft_model(folder, config, weights, ids, target)
+    shutil.rmtree(scratch)
     return model

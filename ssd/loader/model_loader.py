@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ssd.loader.draft_checkpoint import shared_tensors
 from ssd.loader.quantize import QuantizationScheme, quantize_model, resolve_quantization
 from ssd.loader.safetensors_loader import load_weights
 from ssd.model_config import ModelConfig, load_model_config
@@ -29,7 +30,7 @@ def load_quantized_model(folder: Path, dtype: torch.dtype,
         model = cls(config)
     finally:
         torch.set_default_dtype(previous)
-    load_weights(model, folder)
+    load_weights(model, folder, shared_tensors(folder, config.raw))
     quantize_model(model, folder, scheme, dtype)
     model.eval()
     return model, config, scheme

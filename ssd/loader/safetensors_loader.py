@@ -4,6 +4,7 @@ Checkpoint names are mapped onto fused parameters through the model's `packed_mo
 each parameter's own `weight_loader` keeps this rank's shard.
 """
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,14 +53,20 @@ def _target(name: str, mapping: dict[str, tuple[str, str | int]]) -> tuple[str, 
     return name, None
 
 
-def load_weights(model: nn.Module, folder: Path) -> None:
-    """Fill every parameter of `model` from the checkpoint; raise CheckpointError naming what is missing."""
+# Tensors a checkpoint may hold that are no parameter: a draft model's output-vocabulary map
+# (ssd/loader/draft_checkpoint.py reads it)
+NON_PARAMETER_KEYS = frozenset({"d2t"})
+
+
+def load_weights(model: nn.Module, folder: Path, provided: dict[str, torch.Tensor] | None = None) -> None:
+    """Fill every parameter of `model` from the checkpoint, then from `provided` (tensors by checkpoint name that
+    the folder borrows, e.g. a draft's shared input embedding); raise CheckpointError naming what is missing."""
     params = dict(model.named_parameters(remove_duplicate=False))
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     loaded: set[str] = set()
-    for name, tensor in iter_tensors(folder):
-        if "rotary_emb.inv_freq" in name:
+    for name, tensor in itertools.chain(iter_tensors(folder), (provided or {}).items()):
+        if "rotary_emb.inv_freq" in name or name in NON_PARAMETER_KEYS:
             continue
         if tied and name == "lm_head.weight":
             continue

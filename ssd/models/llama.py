@@ -122,8 +122,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = self.model_cls(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
+        self.lm_head = ParallelLMHead(config.num_output_tokens, config.hidden_size)
+        if config.tie_word_embeddings and config.output_vocab_size is None:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(

@@ -5,6 +5,11 @@ steps. Trees: EAGLE-2-style expansion: at each depth the best `top_k` children o
 node (by cumulative draft log-probability) are kept under the node budget, and one tree forward
 per depth (tree mask over the draft's own KV) scores the new frontier. Tree KV is scratch: after
 the round only the committed prefix counts.
+
+The draft reads target ids; its LM head may cover a trimmed vocabulary (ssd/loader/draft_checkpoint.py). Greedy
+chains pick in that vocabulary and map the token; sampled chains, grammars and trees widen the logits to the
+target's first (-inf outside; q must be in the target's vocabulary: ~0.1-0.25 ms a row). SSD's branch logic
+(paged_branches.py) keeps them trimmed.
 """
 
 from dataclasses import dataclass, field
@@ -15,9 +20,11 @@ import torch
 from ssd.config import TreeShape
 from ssd.context import ForwardMode
 from ssd.errors import InvalidRequestError
+from ssd.loader.draft_checkpoint import output_token_ids
 from ssd.runtime.model_runner import ForwardItem
 from ssd.runtime.model_worker import ModelWorker
 from ssd.speculation.draft_sampling import constrain_rows, pick_tokens
+from ssd.speculation.draft_vocab import DraftVocab, target_vocab
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
 from ssd.speculation.speculation import Speculation
@@ -44,12 +51,18 @@ class DraftModelProposer:
         self.worker = ModelWorker(path, dtype, block_size, kv_cache_memory_mb, linear_backend,
                                   enable_prefix_caching=False, device=device, compile=compile,
                                   enforce_eager=enforce_eager, attention_backend=attention_backend)
-        vocab = self.worker.model_config.vocab_size
-        if vocab != target_vocab_size:
+        mc = self.worker.model_config
+        if mc.vocab_size != target_vocab_size:
             raise InvalidRequestError(
-                f"draft {path} has a vocabulary of {vocab} tokens, the target {target_vocab_size}; "
+                f"draft {path} has a vocabulary of {mc.vocab_size} tokens, the target {target_vocab_size}; "
                 "a draft must share the target's tokenizer"
             )
+        target_ids = output_token_ids(path)  # [Vd] or None: the LM head covers the whole vocabulary
+        if (target_ids is None) != (mc.output_vocab_size is None) or (
+                target_ids is not None and target_ids.numel() != mc.output_vocab_size):
+            raise InvalidRequestError(f"draft {path}: its d2t map does not match output_vocab_size "
+                                      f"{mc.output_vocab_size} of its config.json")
+        self.vocab = DraftVocab(target_vocab_size, target_ids)  # the vocabulary of the draft's logits
         self.seqs: dict[int, _DraftSeq] = {}
 
     # -- state ------------------------------------------------------------------------------
@@ -72,6 +85,9 @@ class DraftModelProposer:
         if state is not None:
             self.worker.block_manager.free(state)
 
+    def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:  # [N, Vd] -> [N, V] float32
+        return self.vocab.widen(logits, float("-inf"))
+
     # -- proposing --------------------------------------------------------------------------
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]:
         chains = [r for r in requests if r.tree is None]
@@ -85,7 +101,11 @@ class DraftModelProposer:
         k = max(r.num_tokens for r in requests)
         runner = self.worker.runner
         items = [self._catch_up_item(r, k) for r in requests]
-        logits = runner.forward(items, ForwardMode.VERIFY).logits  # [B, V]
+        # Greedy without grammars needs no q and no masking: argmax in the draft's vocabulary, then its target id
+        is_greedy = all(r.temperature <= 0 and r.grammar is None for r in requests)
+        vocab = self.vocab if is_greedy else target_vocab(self.vocab.target_size)  # the picked ids' vocabulary
+        widen = (lambda x: x) if is_greedy else self._target_logits  # noqa: E731
+        logits = widen(runner.forward(items, ForwardMode.VERIFY).logits)  # [B, Vd] greedy, else [B, V]
         tokens: list[list[int]] = [[] for _ in requests]
         qs: list[list[torch.Tensor | None]] = [[] for _ in requests]
         temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
@@ -93,6 +113,7 @@ class DraftModelProposer:
         for step in range(k):
             logits = constrain_rows(logits, grammars, tokens)
             picked, q_rows = pick_tokens(logits, temps, gens, scales, step)
+            picked = vocab.to_target(picked)
             for i, (t, q) in enumerate(zip(picked, q_rows, strict=True)):
                 tokens[i].append(t)
                 qs[i].append(q)
@@ -102,7 +123,7 @@ class DraftModelProposer:
                 ForwardItem([t], len(r.token_ids) + step, self.seqs[r.seq_id].block_table)
                 for r, t in zip(requests, picked, strict=True)
             ]
-            logits = runner.forward(step_items, ForwardMode.DECODE).logits
+            logits = widen(runner.forward(step_items, ForwardMode.DECODE).logits)
         for r in requests:  # KV now holds the committed tokens and s_1..s_{K-1}
             self.seqs[r.seq_id].num_cached_tokens = len(r.token_ids) + k - 1
         return [
@@ -115,7 +136,8 @@ class DraftModelProposer:
         base = len(r.token_ids)  # physical position of node 1
         depth_limit = min(r.num_tokens, shape.depth)
         item = self._catch_up_item(r, shape.budget)
-        logprobs = torch.log_softmax(runner.forward([item], ForwardMode.VERIFY).logits.float(), dim=-1)  # [1, V]
+        logits = self._target_logits(runner.forward([item], ForwardMode.VERIFY).logits)  # [1, V]
+        logprobs = torch.log_softmax(logits, dim=-1)
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = [0.0]  # cumulative log-probability per node, root first
@@ -162,5 +184,5 @@ class DraftModelProposer:
             [tokens[i - 1] for i in frontier], base + first - 1, self.seqs[r.seq_id].block_table,
             num_logits=len(frontier), positions=[base - 1 + depths[i] for i in frontier], attn_mask=mask,
         )
-        logits = self.worker.runner.forward([item], ForwardMode.TREE).logits
-        return torch.log_softmax(logits.float(), dim=-1)
+        logits = self._target_logits(self.worker.runner.forward([item], ForwardMode.TREE).logits)  # [n, V]
+        return torch.log_softmax(logits, dim=-1)

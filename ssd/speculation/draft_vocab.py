@@ -3,7 +3,7 @@
 An EAGLE-3 head drafts over a trimmed vocabulary (Vd rows of its lm_head, e.g. 8,192 of 49,152). SSD's branch
 logic ranks, samples and Saguaro-scales in that vocabulary and maps only the chosen tokens to target ids; a
 q row is widened to the target vocabulary only when a cached speculation is handed to the verifier. A draft
-model shares the target's vocabulary: its `DraftVocab` is the identity.
+model's is the identity unless its LM head is trimmed too (a `d2t` map in its folder: ssd/loader/draft_checkpoint.py).
 """
 
 import torch

@@ -3,6 +3,7 @@
 Physical layout of a sequence with P committed tokens before the bonus: 0..P-1 committed, P..P+m the
 glue [bonus, s_1..s_m], then branch r of depth d at P+m+1 + d*M + r. RoPE positions are logical: a branch
 forked at acceptance length j sits at P + j + 1 + d. Branch KV is scratch, overwritten by later rounds.
+Logits come out in the draft's own vocabulary (`vocab`: trimmed when its LM head is); tokens in are target ids.
 """
 
 import torch
@@ -11,14 +12,13 @@ from ssd.context import ForwardMode
 from ssd.runtime.model_runner import ForwardItem
 from ssd.speculation.branch_drafter import BranchRequest, GlueRequest, PickFn
 from ssd.speculation.draft_model import DraftModelProposer, _DraftSeq
-from ssd.speculation.draft_vocab import target_vocab
 from ssd.speculation.tree_mask import branch_mask
 
 
 class PagedBranchDrafter:
     def __init__(self, proposer: DraftModelProposer) -> None:
         self.proposer = proposer
-        self.vocab = target_vocab(proposer.worker.model_config.vocab_size)  # a draft model shares the target's
+        self.vocab = proposer.vocab  # the draft's logits: trimmed when its LM head is (tokens stay target ids)
 
     def release(self, seq_id: int) -> None:
         pass  # no state of its own: the sequence's KV is the proposer's (DraftModelProposer.release frees it)
@@ -32,7 +32,7 @@ class PagedBranchDrafter:
             tokens = r.token_ids[start:] + r.speculation
             self.proposer.worker.block_manager.ensure_capacity(state, start + len(tokens) + r.reserve)
             items.append(ForwardItem(tokens, start, state.block_table, num_logits=len(r.speculation) + 1))
-        logits = self.proposer.worker.runner.forward(items, ForwardMode.VERIFY).logits  # [sum(m+1), V]
+        logits = self.proposer.worker.runner.forward(items, ForwardMode.VERIFY).logits  # [sum(m+1), Vd]
         out, offset = [], 0
         for r in requests:
             n = len(r.speculation) + 1
@@ -55,7 +55,7 @@ class PagedBranchDrafter:
                 positions = [bonus_pos + j + 1 + d for j in r.fork_points]
                 items.append(ForwardItem(toks, start, self.proposer.seqs[r.seq_id].block_table,
                                          num_logits=m, positions=positions, attn_mask=mask))
-            logits = self.proposer.worker.runner.forward(items, ForwardMode.TREE).logits  # [sum M, V]
+            logits = self.proposer.worker.runner.forward(items, ForwardMode.TREE).logits  # [sum M, Vd]
             current = pick(d, list(logits.float().cpu().split([len(t) for t in current])))
             for i, toks in enumerate(current):
                 result[i].append(toks)

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from draft_training.cli import add_draft_training_commands
-from draft_training.trainer import TrainConfig, _trained_options, train_head, training_phases
+from draft_training.train_loop import trained_options as _trained_options
+from draft_training.trainer import TrainConfig, train_head, training_phases
 from ssd.errors import InvalidRequestError
 from ssd.loader.safetensors_loader import iter_tensors
 
