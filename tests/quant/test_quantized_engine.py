@@ -173,4 +173,4 @@ def test_greedy_speculation_equals_ar_on_the_own_int4_cpu_kernel(models, tmp_pat
             "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
     llm = _llm(folder, "auto", spec)
     assert _greedy(llm, batch) == _greedy(ar, batch)
-    assert llm.engine.spec.counters.num_drafts > 0
+    assert llm.engine.speculative_decoder.counters.num_drafts > 0
