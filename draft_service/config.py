@@ -78,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> DraftServiceConfig:
     a = p.parse_args(argv)
     try:
         ssd = SsdConfig(fan_out_budget=a.fan_out_budget, fan_out=a.fan_out, backup=a.backup,
-                        backup_max_neural_batch=a.backup_max_neural_batch, saguaro_c=a.saguaro_c)
+                        backup_max_neural_batch=a.backup_max_neural_batch, saguaro_c=a.saguaro_c,
+                        backup_hits=a.backup_hits)
         return DraftServiceConfig(draft=a.draft, target_model=a.target_model, address=a.address, dtype=a.dtype,
                                   device=a.device, metrics_port=a.metrics_port,
                                   num_threads=a.threads, kv_cache_memory_mb=a.kv_cache_mb, ssd=ssd,
@@ -106,6 +107,8 @@ def add_ssd_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                    help="auto backup: neural up to this batch size, fast above")
     g.add_argument("--saguaro-c", type=float, default=float(env.get("SSD_DRAFT_SAGUARO_C", "1.0")),
                    help="Saguaro sampling constant C in (0, 1]; 1 = plain sampling")
+    g.add_argument("--backup-hits", action="store_true", default=env.get("SSD_DRAFT_BACKUP_HITS", "") == "1",
+                   help="a round with a neural backup re-drafts its hits too, in the same batched forwards")
 
 
 def add_limit_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:

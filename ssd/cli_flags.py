@@ -57,6 +57,8 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
                    help="on a cache miss: neural (draft now), fast (n-gram lookup), auto (by batch size)")
     g.add_argument("--saguaro-c", type=float, default=SsdConfig.saguaro_c,
                    help="Saguaro sampling: scale the draft's top-F probabilities by C in (0, 1] (1 = off)")
+    g.add_argument("--backup-hits", action="store_true",
+                   help="a round with a neural backup re-drafts its cache hits too, in the same forwards")
 
 
 def tree_from_args(args: argparse.Namespace) -> TreeShape | None:
@@ -65,7 +67,7 @@ def tree_from_args(args: argparse.Namespace) -> TreeShape | None:
 
 def ssd_from_args(args: argparse.Namespace) -> SsdConfig:
     return SsdConfig(fan_out_budget=args.fan_out_budget, fan_out=args.fan_out, backup=args.backup,
-                     saguaro_c=args.saguaro_c)
+                     saguaro_c=args.saguaro_c, backup_hits=args.backup_hits)
 
 
 def speculation_from_args(args: argparse.Namespace, max_batch: int | None = None,
