@@ -39,7 +39,7 @@ def _modes(text: str) -> list[str]:
 
 
 SWEEPABLE = {"k": int, "batch": int, "draft_temperature": float, "fan_out_budget": int,  # --sweep NAME=v1,v2,...
-             "saguaro_c": float}
+             "saguaro_c": float, "backup_hits": lambda v: v.lower() in ("1", "true")}
 
 
 def _sweep(text: str) -> tuple[str, list]:
@@ -100,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
-            backup=args.backup, saguaro_c=args.saguaro_c, draft_core=args.draft_core,
+            backup=args.backup, saguaro_c=args.saguaro_c, backup_hits=args.backup_hits, draft_core=args.draft_core,
             tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
             **options_from_args(args, STEP_FIELDS),
         )

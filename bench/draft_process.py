@@ -27,12 +27,13 @@ def _free_port() -> int:
 
 class DraftProcess:
     def __init__(self, draft: str, target_model: str, dtype: str, core: int | None,
-                 startup_timeout_s: float = 120.0) -> None:
+                 startup_timeout_s: float = 120.0, extra_args: list[str] | None = None) -> None:
+        """`extra_args`: more draft_service flags (e.g. its SSD defaults that a Round does not carry)."""
         self.address = f"127.0.0.1:{_free_port()}"
         self.log_path = Path(tempfile.mkstemp(prefix="ssd-bench-draft-", suffix=".log")[1])
         cmd = [sys.executable, "-m", "draft_service", "--draft", draft, "--target-model", target_model,
                "--dtype", dtype, "--threads", "1", "--address", self.address, "--log-level", "warning",
-               "--log-text"]
+               "--log-text", *(extra_args or [])]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
         with self.log_path.open("w") as log:

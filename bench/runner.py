@@ -47,6 +47,7 @@ class BenchSettings:
     fan_out: FanOut = FanOut.GEOMETRIC  # ssd: fan-out shape
     backup: Backup = Backup.AUTO  # ssd: backup on a miss
     saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
+    backup_hits: bool = False  # ssd: a round with a neural backup re-drafts its hits too (the draft's flag)
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
     tensor_parallel_size: int = 1  # CPU ranks the target is sharded over (this process is rank 0)
     quantization: str = "none"  # the target's linear weights (EngineConfig.quantization)
@@ -88,7 +89,8 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
 
     if not s.draft or s.draft == "ngram":
         raise InvalidRequestError("--mode ssd needs a neural --draft (a draft model or an EAGLE-3 head)")
-    draft = DraftProcess(s.draft, s.model, s.dtype, s.draft_core)
+    draft = DraftProcess(s.draft, s.model, s.dtype, s.draft_core,
+                         extra_args=["--backup-hits"] if s.backup_hits else [])
     closers.append(draft.close)
     ssd = SsdConfig(fan_out_budget=s.fan_out_budget, fan_out=s.fan_out, backup=s.backup, saguaro_c=s.saguaro_c)
     proposer = RemoteProposer(draft.address, "bench", ar.engine.info.vocab_size, timeout_s=30.0,

@@ -86,9 +86,11 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {  # EngineConfig's fields
                                           "size, fast above", int, env="BACKUP_MAX_NEURAL_BATCH"),
     "saguaro_c": ConfigFlag(("--saguaro-c",), "Saguaro sampling: scale the draft's top-F probabilities by C in "
                             "(0, 1] (1 = off)", float, env="SAGUARO_C"),
+    "backup_hits": ConfigFlag(("--backup-hits",), "a round that waits for a neural backup re-drafts its cache hits "
+                              "too, in the same batched forwards (from the target's features)", action="store_true"),
 }
 STEP_FIELDS = ("compile", "enforce_eager", "attention_backend")  # how the model forward runs
-SSD_FIELDS = ("fan_out_budget", "fan_out", "backup", "backup_max_neural_batch", "saguaro_c")
+SSD_FIELDS = ("fan_out_budget", "fan_out", "backup", "backup_max_neural_batch", "saguaro_c", "backup_hits")
 _DEFAULTS = {f.name: f.default for config in (EngineConfig, SsdConfig) for f in dataclasses.fields(config)}
 
 

@@ -83,6 +83,9 @@ class SsdConfig:
     backup: Backup = Backup.AUTO  # on a miss (a string naming one is converted)
     backup_max_neural_batch: int = 4  # auto: neural backup up to this batch size, fast above
     saguaro_c: float = 1.0  # scales the draft's top-F probabilities before sampling; 1 = plain sampling
+    # when some sequences of a round miss and get a neural backup, re-draft the hits in the same batched forwards
+    # too (from the target's real features, as SD does) instead of returning their cached speculations
+    backup_hits: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.fan_out_budget <= 256:

@@ -131,9 +131,12 @@ class SsdSpeculator:
             out[r.seq_id] = Speculation(cached.tokens[:n], None, q,
                                         cache_hit=True, predicted_hit=predicted)
         lookup = time.perf_counter() - started
+        num_misses = len(misses)
+        if misses and config.backup_hits and config.backup_for(len(requests)) is Backup.NEURAL:
+            misses = list(requests)  # the hits ride along in the backup's batched forwards (costs ~nothing more)
         consumed = self._backup(misses, config, len(requests), out)  # seq ids whose features a backup used
-        self.counters.num_hits += len(requests) - len(misses)
-        self.counters.num_misses += len(misses)
+        self.counters.num_hits += len(requests) - num_misses
+        self.counters.num_misses += num_misses
         self.counters.last_lookup_s, self.counters.last_backup_s = lookup, time.perf_counter() - started - lookup
         self.counters.lookup_s += lookup
         self.counters.backup_s += self.counters.last_backup_s

@@ -50,3 +50,14 @@ def test_ssd_counters_and_draft_timings(models):
     target = llm.engine.speculative_decoder.counters
     assert target.tokens_per_round_hit == 4.0  # K=3 all accepted + bonus
     assert target.cache_hit_rate == draft.num_hits / (draft.num_hits + draft.num_misses)
+
+
+def test_ssd_backup_hits_redrafts_the_hits_of_a_round_that_missed(models):
+    """backup_hits: a round with a neural backup drafts its hits afresh too; greedy output unchanged."""
+    llm = _llm(models, "other", SsdConfig(backup="neural", backup_hits=True))
+    outs = llm.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == models[1]
+    draft = llm.engine.speculative_decoder.proposer.counters
+    target = llm.engine.speculative_decoder.counters
+    assert draft.num_neural_backups > draft.num_misses  # some hits rode along in a backup
+    assert target.num_cache_hits < draft.num_hits  # ... and were verified as backups

@@ -1,6 +1,7 @@
 """SSD sampling is exact: with the speculation cache (hits and misses, batch > 1), neural and fast backups,
-with and without Saguaro scaling, the first 3 tokens follow the target's distribution (chi-square over
-20,000 seeded runs on a 16-token vocabulary); a draft that reports q unscaled while sampling scaled is caught."""
+with and without Saguaro scaling, with a missing round's hits re-drafted (backup_hits), the first 3 tokens follow
+the target's distribution (chi-square over 20,000 seeded runs on a 16-token vocabulary); a draft that reports q
+unscaled while sampling scaled is caught."""
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def setup(tmp_path_factory):
     return target, draft, joint_distribution(hf.double(), PROMPT, TEMP)
 
 
-def sample_first_tokens(setup, ssd: SsdConfig) -> list[tuple]:
+def sample_first_tokens(setup, ssd: SsdConfig, target_sees_hits: bool = True) -> list[tuple]:
     target, draft, _ = setup
     spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=2, k_schedule=((1024, 2),), ssd=ssd)
     llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
@@ -38,7 +39,10 @@ def sample_first_tokens(setup, ssd: SsdConfig) -> list[tuple]:
     params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True) for i in range(NUM_RUNS)]
     outs = llm.generate([PROMPT] * NUM_RUNS, params)
     counters = llm.engine.speculative_decoder.counters
-    assert counters.num_cache_hits > 500 and counters.num_cache_misses > 1000  # both paths well exercised
+    if target_sees_hits:
+        assert counters.num_cache_hits > 500 and counters.num_cache_misses > 1000  # both paths well exercised
+    else:  # backup_hits: the draft's lookups hit, but a round with a miss re-drafts its hits
+        assert llm.engine.speculative_decoder.proposer.counters.num_hits > 500 and counters.num_cache_misses > 1000
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
     return [tuple(o.token_ids) for o in outs]
 
@@ -46,6 +50,12 @@ def sample_first_tokens(setup, ssd: SsdConfig) -> list[tuple]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_ssd_sampling_matches_target_distribution(setup, case):
     assert chi_square_pvalue(sample_first_tokens(setup, CASES[case]), setup[2]) > 0.001
+
+
+def test_ssd_backup_hits_sampling_matches_target_distribution(setup):
+    """backup_hits: the hits of a round that missed are re-drafted in the backup's forwards (with Saguaro scaling)."""
+    samples = sample_first_tokens(setup, SsdConfig(backup="neural", backup_hits=True, saguaro_c=0.5), False)
+    assert chi_square_pvalue(samples, setup[2]) > 0.001
 
 
 def test_unscaled_q_with_saguaro_sampling_is_caught(setup, monkeypatch):
