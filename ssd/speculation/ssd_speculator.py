@@ -133,7 +133,7 @@ class SsdSpeculator:
         lookup = time.perf_counter() - started
         num_misses = len(misses)
         if misses and config.backup_hits and config.backup_for(len(requests)) is Backup.NEURAL:
-            misses = list(requests)  # the hits ride along in the backup's batched forwards (costs ~nothing more)
+            misses = list(zip(requests, records, strict=True))  # the hits ride along in the backup's forwards
         consumed = self._backup(misses, config, len(requests), out)  # seq ids whose features a backup used
         self.counters.num_hits += len(requests) - num_misses
         self.counters.num_misses += num_misses
