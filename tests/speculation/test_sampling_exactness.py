@@ -48,8 +48,8 @@ CASES = {
 def _spec(setup, case) -> SpeculationConfig:
     draft = setup[1]
     c = CASES[case]
-    return SpeculationConfig(ProposerChoice(str(draft) if c["draft"] == "model" else "ngram"), num_speculative_tokens=2,
-                             tree=c["tree"], ngram_max=1, k_schedule=((1024, 2),))
+    proposer = ProposerChoice(str(draft) if c["draft"] == "model" else "ngram", ngram_max=1)
+    return SpeculationConfig(proposer, num_speculative_tokens=2, tree=c["tree"], k_schedule=((1024, 2),))
 
 
 @pytest.mark.parametrize("case", list(CASES))
