@@ -3,7 +3,7 @@ step between two chunks, and nothing changes in what anyone generates (float32 g
 
 import pytest
 
-from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
+from ssd.config import DecodeMode, ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.engine.llm_engine import LLMEngine
 from ssd.errors import InvalidRequestError
 from ssd.llm import LLM
@@ -79,7 +79,7 @@ def test_speculation_with_chunked_prefill_equals_ar(folders, alone, draft):
     spec = SpeculationConfig(ProposerChoice(str(head if draft == "eagle3" else draft_model)), num_speculative_tokens=3,
                              ssd=SsdConfig(fan_out_budget=4) if draft == "ssd" else None)
     llm = LLM(str(target), prefill_chunk_tokens=16, speculation=spec, **OPTS)
-    params = SamplingParams(max_tokens=20, ignore_eos=True, ssd=draft == "ssd")
+    params = SamplingParams(max_tokens=20, ignore_eos=True, mode=DecodeMode.SSD if draft == "ssd" else None)
     batches: list = []
     assert run_staggered(llm.engine, params, batches) == alone
     assert sum(1 for b in batches if b.get("long", 1) > 1) == 7
