@@ -71,7 +71,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-core", type=int, default=None,
                    help="pin this process (the target in every mode) to one CPU core, e.g. 0 with --threads 1")
     p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
-    add_speculation_flags(p, ("fan_out_budget", "fan_out", "backup", "saguaro_c"))  # the ones BenchSettings has
+    add_speculation_flags(p, ("fan_out_budget", "fan_out", "backup", "saguaro_c", "backup_hits"))  # BenchSettings has these
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
     p.add_argument("--sweep", type=_sweep, default=None,
