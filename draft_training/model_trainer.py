@@ -24,7 +24,6 @@ from draft_training import train_loop
 from draft_training.dataset import DistilledSequence, ModelBatch, batch_plan, load_sequences, make_model_batch
 from draft_training.draft_vocab import DraftVocab
 from draft_training.trainer import soft_cross_entropy, training_vocab
-from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.errors import InvalidRequestError
 from ssd.loader.draft_checkpoint import EMBED_KEY, save_draft_model
 from ssd.loader.safetensors_loader import iter_tensors
@@ -38,28 +37,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 @dataclass(frozen=True)
-class ModelTrainConfig:
-    target: str  # target checkpoint folder (its layers, embedding, norm and LM head seed the draft)
+class ModelTrainConfig(train_loop.LoopConfig):
+    """A draft model's run: the shared settings (the target's layers, embedding, norm and LM head seed it)."""
+
     num_layers: int = 3
     init_layers: tuple[int, ...] | None = None  # the target layers copied in; None = evenly spaced first..last
-    seed: int = 0
-    epochs: float = 8.0
     lr: float = 5e-4  # lower than the head's 1e-3: the layers start trained
-    weight_decay: float = 0.0
-    warmup_steps: int = 30
     batch_tokens: int = 1024  # padded positions per batch
-    draft_vocab_coverage: float = 0.95
-    min_draft_vocab: int = 8192
-    max_draft_vocab: int = 12288
-    prompt_loss_weight: float = 0.3  # weight of positions predicting prompt tokens (answers weigh 1)
-    validation_fraction: float = 0.04
-    max_train_minutes: float | None = None
-    grad_clip: float = 1.0
-    is_bf16_autocast: bool | None = None  # None = on where the CPU runs bf16 natively (as TrainConfig)
-
-    @property
-    def uses_bf16_autocast(self) -> bool:
-        return cpu_has_fast_bfloat16() if self.is_bf16_autocast is None else self.is_bf16_autocast
 
 
 def init_layer_indices(num_target_layers: int, num_layers: int) -> tuple[int, ...]:

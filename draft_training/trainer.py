@@ -21,9 +21,8 @@ import torch
 from draft_training import train_loop
 from draft_training.dataset import Batch, DistilledSequence, batch_plan, load_sequences, make_batch
 from draft_training.draft_vocab import DraftVocab, choose_draft_vocab, token_mass
-from draft_training.train_loop import make_optimizer
+from draft_training.train_loop import LoopConfig, make_optimizer
 from draft_training.unroll import unrolled_logits
-from ssd.dtypes import cpu_has_fast_bfloat16
 from ssd.errors import InvalidRequestError
 from ssd.loader.eagle3_checkpoint import save_eagle3_head
 from ssd.loader.safetensors_loader import iter_tensors
@@ -34,36 +33,18 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    target: str  # target checkpoint folder (its embedding, final norm and LM head seed the head)
-    seed: int = 0
-    epochs: float = 8.0
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 30
+class TrainConfig(LoopConfig):
+    """An EAGLE-3 head's run: the shared settings (the target's embedding, final norm and LM head seed the head)."""
+
     batch_tokens: int = 512  # padded head positions per batch (small batches learn faster per second here)
     num_unroll: int = 3  # training-time-test steps; 1 = plain teacher forcing
     # Share of the budget (steps, and time if capped) trained at one unroll step before the full unroll starts
     # from those weights: the first phase learns single-step prediction faster, the second the later positions.
     unroll_warmup_fraction: float = 0.5  # 0 = the full unroll throughout (docs/benchmarks.md: 0.5 won)
     step_decay: float = 0.8  # loss weight of unroll step s is step_decay**s
-    draft_vocab_coverage: float = 0.95
-    min_draft_vocab: int = 8192
-    max_draft_vocab: int = 12288
-    prompt_loss_weight: float = 0.3  # weight of positions predicting prompt tokens (answers weigh 1)
-    validation_fraction: float = 0.04
-    max_train_minutes: float | None = None
-    grad_clip: float = 1.0
     is_feature_norm: bool = True  # RMS-normalize each target feature layer before fc (see Eagle3Config)
-    # bf16 matmuls (oneDNN) with float32 weights: ~1.5-2x faster on CPUs with native bf16, ~7x slower on AVX2-only
-    # ones (Zen 3); None = on where the CPU has it (ssd.dtypes.cpu_has_fast_bfloat16)
-    is_bf16_autocast: bool | None = None
     aux_layers: tuple[int, int, int] | None = None  # the layers the data's features come from; None = default
     intermediate_size: int | None = None  # the decoder layer's MLP width; None = the target's
-
-    @property
-    def uses_bf16_autocast(self) -> bool:
-        return cpu_has_fast_bfloat16() if self.is_bf16_autocast is None else self.is_bf16_autocast
 
 
 def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
