@@ -33,11 +33,13 @@ def _kind(table: dict, value: int, old: str, default: FanOut | Backup, what: str
 
 
 def options_config(default: SsdConfig, options: draft_pb2.SsdOptions) -> SsdConfig:
-    """The draft's SSD settings with `options` over them where set (0 / unspecified / "" = the default).
+    """The draft's SSD settings with `options` over them where set (unset / 0.0 / "" = the default; a fan-out
+    budget that is set counts, 0 included).
 
     Raises InvalidRequestError for a bad value (e.g. saguaro_c = 2, an unknown fan-out kind).
     """
-    return replace(default, fan_out_budget=options.fan_out_budget or default.fan_out_budget,
+    return replace(default, fan_out_budget=(options.fan_out_budget if options.HasField("fan_out_budget")
+                                   else default.fan_out_budget),
                    fan_out=_kind(FAN_OUTS, options.fan_out_kind, options.fan_out, default.fan_out, "fan-out"),
                    backup=_kind(BACKUPS, options.backup_kind, options.backup, default.backup, "backup"),
                    saguaro_c=options.saguaro_c or default.saguaro_c)

@@ -9,6 +9,7 @@ int8 in groups of 32, as llama.cpp does). Where the extension cannot be built, o
 caller keeps torch's path. Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 """
 
+import time
 from functools import cache
 from types import ModuleType
 
@@ -28,8 +29,11 @@ MAX_ROWS = 16
 @cache
 def extension() -> ModuleType | None:
     """The compiled kernel, or None (logged once) where it cannot be built or this CPU runs none of its paths."""
+    started = time.perf_counter()
+    log.info("loading the project's int4 CPU kernel (the first start on a machine compiles it: 1-3 minutes)")
     try:
         ext = own.load_extension(cache_root() / "kernels")
+        log.info("the project's int4 CPU kernel is ready", seconds=round(time.perf_counter() - started, 1))
     except own.KernelBuildError as e:
         log.warning("own int4 CPU kernel unavailable; using torch's int4 path", error=str(e))
         return None

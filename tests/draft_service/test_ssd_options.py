@@ -40,6 +40,13 @@ def test_the_targets_options_read_back_as_the_same_config(fan_out, backup):
     assert got == sent and got.fan_out is fan_out and got.backup is backup
 
 
+def test_a_fan_out_budget_of_zero_is_a_value_and_an_unset_one_the_drafts_default():
+    default = SsdConfig(fan_out_budget=8)
+    zero = draft_pb2.SsdOptions.FromString(ssd_options(SsdConfig(fan_out_budget=0)).SerializeToString())
+    assert options_config(default, zero).fan_out_budget == 0  # `--f 0` reaches the draft: no branches
+    assert options_config(default, draft_pb2.SsdOptions()).fan_out_budget == 8
+
+
 def test_deprecated_strings_are_read_when_the_enums_are_unset_and_lose_to_them():
     default = SsdConfig()
     old = options_config(default, draft_pb2.SsdOptions(fan_out="uniform", backup="fast"))
