@@ -9,7 +9,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -38,6 +38,10 @@ class LoadSnapshot:
     num_prefix_hit_tokens: int = 0  # of those, tokens whose KV the prefix cache served
     num_preemptions: int = 0
     spec: SpecStats | None = None  # a copy of the engine-wide speculation counters (metrics read it)
+    # adaptive requests (SamplingParams.adaptive): decode steps the engine's mode chooser took per choice
+    # ("speculate" / "plain"), and how often it switched between them
+    adaptive_rounds: dict[str, int] = field(default_factory=dict)
+    adaptive_switches: int = 0
 
 
 class EngineLoop:
@@ -150,7 +154,8 @@ class EngineLoop:
             num_cache_hits=c.num_cache_hits if c else 0, num_cache_misses=c.num_cache_misses if c else 0,
             num_prefix_queried_tokens=e.scheduler.num_prefix_queried_tokens,
             num_prefix_hit_tokens=e.scheduler.num_prefix_hit_tokens, num_preemptions=e.scheduler.num_preemptions,
-            spec=c.snapshot() if c else None)
+            spec=c.snapshot() if c else None, adaptive_rounds=dict(e.mode_chooser.num_rounds),
+            adaptive_switches=e.mode_chooser.num_switches)
 
 
 def _settle(future: asyncio.Future, value: object, error: Exception | None) -> None:

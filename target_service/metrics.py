@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rpc.metrics_http import ENGINE_INDEX, METRICS_LABELS
+from ssd.engine.mode_choice import PLAIN, SPECULATE
 from ssd.speculation.speculation_stats import SpecStats
 from target_service.engine_loop import EngineLoop, LoadSnapshot
 
@@ -40,6 +41,7 @@ class _EngineCollector:
         spec = s.spec if s.spec is not None else SpecStats()
         yield from self._spec_decode(spec)
         yield from self._ssd(spec)
+        yield from self._adaptive(s)
         yield self._gauge("ssd:draft_connected", "1 while the target's draft session is up", self.is_draft_connected())
 
     def _scheduler(self, s: LoadSnapshot) -> Iterator[Metric]:
@@ -89,6 +91,16 @@ class _EngineCollector:
                             "(the draft's answer, or a local draft's forwards)", c.propose_s)
         yield self._counter("ssd:spec_decode_verify_seconds", "Time the batch's rounds spent in the target's "
                             "verify forward", c.verify_s)
+
+    def _adaptive(self, s: LoadSnapshot) -> Iterator[Metric]:
+        rounds = CounterMetricFamily("ssd:adaptive_rounds", "Decode steps of adaptive requests, by what the "
+                                     "engine's mode chooser took (speculate or plain)",
+                                     labels=[*METRICS_LABELS, "choice"])
+        for choice in (SPECULATE, PLAIN):
+            rounds.add_metric([*self.labels, choice], s.adaptive_rounds.get(choice, 0))
+        yield rounds
+        yield self._counter("ssd:adaptive_switches", "Times the mode chooser changed its choice between steps",
+                            s.adaptive_switches)
 
 
 def build_registry(engine_loop: EngineLoop, model_name: str, num_speculative_tokens: int,

@@ -68,3 +68,25 @@ def test_series_follow_the_engine(tiny_llama) -> None:
     assert busy["ssd:spec_decode_rounds"][1][()] == counters.num_rounds > 0
     assert busy["ssd:spec_decode_verify_seconds"][1][()] > 0
     assert busy["vllm:num_requests_running"][1] == {(): 0}  # both finished
+
+
+def test_adaptive_choices_are_exported(tiny_llama) -> None:
+    """Adaptive requests: the mode chooser's steps per choice and its switches reach /metrics."""
+    llm = LLM(str(tiny_llama), dtype="float32", block_size=4, kv_cache_memory_mb=4,
+              speculation=SpeculationConfig(ProposerChoice("ngram"), num_speculative_tokens=K))
+    loop = asyncio.new_event_loop()
+    try:
+        engine_loop = EngineLoop(llm.engine, loop)  # never started: the test steps the engine itself
+        idle = scrape(engine_loop)
+        assert idle["ssd:adaptive_rounds"] == ("counter", {("plain",): 0, ("speculate",): 0})
+        prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+        llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, adaptive=True))
+        engine_loop._publish_load()
+        busy = scrape(engine_loop)
+    finally:
+        loop.close()
+    chooser = llm.engine.mode_chooser
+    rounds = busy["ssd:adaptive_rounds"][1]
+    assert rounds == {("plain",): chooser.num_rounds["plain"], ("speculate",): chooser.num_rounds["speculate"]}
+    assert rounds[("plain",)] > 0 and rounds[("speculate",)] > 0  # both choices are measured first
+    assert busy["ssd:adaptive_switches"][1] == {(): chooser.num_switches} and chooser.num_switches >= 1
