@@ -2,6 +2,7 @@
 snapshot after real steps of a tiny engine (n-gram SD, prefix cache), and SSD's own series under `ssd:`."""
 
 import asyncio
+from collections.abc import Callable
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,7 +22,10 @@ VLLM_TYPES = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting":
               "vllm:spec_decode_num_accepted_tokens_per_pos": "counter"}
 
 
-def scrape(engine_loop: EngineLoop) -> dict[str, tuple[str, dict[tuple, float]]]:
+Scrape = dict[str, tuple[str, dict[tuple, float]]]
+
+
+def scrape(engine_loop: EngineLoop) -> Scrape:
     """name -> (type, {label values (without model_name / engine): value}); counters by their _total sample."""
     text = generate_latest(build_registry(engine_loop, "tiny", K)).decode()
     out = {}
@@ -37,25 +41,30 @@ def scrape(engine_loop: EngineLoop) -> dict[str, tuple[str, dict[tuple, float]]]
     return out
 
 
-def test_series_follow_the_engine(tiny_llama) -> None:
+def scrape_around(tiny_llama, work: Callable[[LLM], None]) -> tuple[LLM, Scrape, Scrape]:
+    """A tiny n-gram SD engine scraped before and after `work` steps it (its loop never started)."""
     llm = LLM(str(tiny_llama), dtype="float32", block_size=4, kv_cache_memory_mb=4,
               speculation=SpeculationConfig(ProposerChoice("ngram"), num_speculative_tokens=K))
     loop = asyncio.new_event_loop()
     try:
-        engine_loop = EngineLoop(llm.engine, loop)  # never started: the test steps the engine itself
+        engine_loop = EngineLoop(llm.engine, loop)
         idle = scrape(engine_loop)
-        assert {name: kind for name, (kind, _) in idle.items() if name in VLLM_TYPES} == VLLM_TYPES
-        assert idle["vllm:spec_decode_num_accepted_tokens_per_pos"][1] == {("0",): 0, ("1",): 0, ("2",): 0}
-        assert idle["vllm:kv_cache_usage_perc"][1] == {(): 0.0}
-
-        prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats: the n-gram drafts and hits
-        params = SamplingParams(max_tokens=16, ignore_eos=True)
-        llm.generate([prompt], params)
-        llm.generate([prompt], params)  # the same prompt again: 16 of its 18 tokens from the prefix cache
+        work(llm)
         engine_loop._publish_load()
-        busy = scrape(engine_loop)
+        return llm, idle, scrape(engine_loop)
     finally:
         loop.close()
+
+
+def test_series_follow_the_engine(tiny_llama) -> None:
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats: the n-gram drafts and hits
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    # the same prompt twice: the second time 16 of its 18 tokens come from the prefix cache
+    llm, idle, busy = scrape_around(tiny_llama, lambda llm: (llm.generate([prompt], params),
+                                                             llm.generate([prompt], params)))
+    assert {name: kind for name, (kind, _) in idle.items() if name in VLLM_TYPES} == VLLM_TYPES
+    assert idle["vllm:spec_decode_num_accepted_tokens_per_pos"][1] == {("0",): 0, ("1",): 0, ("2",): 0}
+    assert idle["vllm:kv_cache_usage_perc"][1] == {(): 0.0}
     counters = llm.engine.speculative_decoder.counters
     assert busy["vllm:prefix_cache_queries"][1] == {(): 2 * len(prompt)}
     assert busy["vllm:prefix_cache_hits"][1] == {(): 16}
@@ -72,19 +81,9 @@ def test_series_follow_the_engine(tiny_llama) -> None:
 
 def test_adaptive_choices_are_exported(tiny_llama) -> None:
     """Adaptive requests: the mode chooser's steps per choice and its switches reach /metrics."""
-    llm = LLM(str(tiny_llama), dtype="float32", block_size=4, kv_cache_memory_mb=4,
-              speculation=SpeculationConfig(ProposerChoice("ngram"), num_speculative_tokens=K))
-    loop = asyncio.new_event_loop()
-    try:
-        engine_loop = EngineLoop(llm.engine, loop)  # never started: the test steps the engine itself
-        idle = scrape(engine_loop)
-        assert idle["ssd:adaptive_rounds"] == ("counter", {("plain",): 0, ("speculate",): 0})
-        prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-        llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, adaptive=True))
-        engine_loop._publish_load()
-        busy = scrape(engine_loop)
-    finally:
-        loop.close()
+    params = SamplingParams(max_tokens=12, ignore_eos=True, adaptive=True)
+    llm, idle, busy = scrape_around(tiny_llama, lambda llm: llm.generate([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]], params))
+    assert idle["ssd:adaptive_rounds"] == ("counter", {("plain",): 0, ("speculate",): 0})
     chooser = llm.engine.mode_chooser
     rounds = busy["ssd:adaptive_rounds"][1]
     assert rounds == {("plain",): chooser.num_rounds["plain"], ("speculate",): chooser.num_rounds["speculate"]}
