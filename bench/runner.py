@@ -107,7 +107,12 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
     return _engine_runner(llm, replace(params, mode=DecodeMode.SSD)), llm
 
 
+AUTO = "-auto"  # sd-auto / ssd-auto: that mode, taken per batch only where the engine measured it faster than plain
+
+
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
+    if s.mode.endswith(AUTO):
+        return _build_runner(replace(s, mode=s.mode.removesuffix(AUTO)), ar, replace(params, adaptive=True), closers)
     if s.mode == "ar":
         return _engine_runner(ar, params), ar
     if s.mode == "sd":
@@ -120,7 +125,7 @@ def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: li
     return (lambda group: hf.generate(group, s.output_len, s.temperature)), None
 
 
-SPECULATIVE_MODES = ("sd", "ssd", "hf-assisted")  # the modes a --sweep over speculation settings applies to
+SPECULATIVE_MODES = ("sd", "ssd", "sd-auto", "ssd-auto", "hf-assisted")  # the modes a --sweep over speculation settings applies to
 
 
 def by_dataset(prompts: list[Prompt]) -> dict[str, list[Prompt]]:
@@ -170,7 +175,7 @@ def _run_one(settings: BenchSettings, run: Runner, llm: LLM | None, encoded: lis
     """Warm up, then time every group of `settings.batch` prompts; the summary plus the raw outputs."""
     for i in range(min(settings.warmup, len(encoded))):
         run(encoded[i : i + 1])
-    before = _counters(llm)
+    before, rounds_before = _counters(llm), _chooser_rounds(llm)
     batch = settings.batch
     timings = [
         run(encoded[i : i + batch])
@@ -178,8 +183,15 @@ def _run_one(settings: BenchSettings, run: Runner, llm: LLM | None, encoded: lis
                       unit="group")
     ]
     result = summarize(settings, encoded, timings, _delta(before, _counters(llm)))
+    if settings.mode.endswith(AUTO):  # what the mode chooser took: decode steps of each choice
+        result["adaptive_rounds"] = {c: n - rounds_before[c] for c, n in _chooser_rounds(llm).items()}
     result["_outputs"] = [ids for t in timings for ids in t.token_ids]
     return result
+
+
+def _chooser_rounds(llm: LLM | None) -> dict[str, int]:
+    """The engine's mode chooser: decode steps taken so far per choice (speculate / plain)."""
+    return dict(llm.engine.mode_chooser.num_rounds) if llm is not None else {}
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:

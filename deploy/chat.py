@@ -143,7 +143,7 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
     p.add_argument("--api-key", default=None, help="bearer key (default: $SSD_API_KEY, else none)")
     p.add_argument("--model", default=None, help="model name (default: the gateway's)")
-    p.add_argument("--mode", default=None, choices=["ar", "sd", "ssd"], help="decoding mode (default: the server's)")
+    p.add_argument("--mode", default=None, choices=["ar", "sd", "ssd", "auto"], help="decoding mode (default: the server's)")
     p.add_argument("--metrics", action="store_true", help="print tokens, tok/s, TTFT, accepted length per answer")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -59,6 +59,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--default-mode", default="sd", choices=["ar", "sd", "ssd"],
                    help="mode of requests that name none (ssd: the draft answers from its speculation cache; "
                         "needs a neural --draft, an n-gram draft serves it as sd)")
+    s.add_argument("--adaptive", action="store_true",
+                   help="requests that name no mode speculate only in batches where the target measured it faster "
+                        "than plain steps (a request's mode 'auto' asks for that itself)")
     s.add_argument("--api-key", default=None,
                    help="require this bearer key (visible in `ps`: prefer --api-key-file or SSD_API_KEY)")
     s.add_argument("--api-key-file", type=Path, default=None,
@@ -87,7 +90,7 @@ def stack_config(args: argparse.Namespace) -> "StackConfig":
     target = EngineConfig(args.model, **options_from_args(args, SERVE_ENGINE_FIELDS))
     return StackConfig(target, draft=draft, num_targets=args.targets, num_drafts=args.drafts, host=args.host,
                        http_port=args.port, grpc_port=args.grpc_port, k=args.k, tree_budget=tree_budget,
-                       default_mode=args.default_mode, api_key=api_key(args, os.environ),
+                       default_mode=args.default_mode, adaptive=args.adaptive, api_key=api_key(args, os.environ),
                        log_dir=args.log_dir or default_log_dir(), tls=_tls(args), metrics_port=args.metrics_port,
                        offline=args.offline or is_offline())
 

@@ -72,6 +72,7 @@ class StackConfig:
     k: int = 4  # lookahead K (a token tree's depth)
     tree_budget: int = 0  # sd requests speculate token trees of this many nodes; 0 = chains (see default_tree_budget)
     default_mode: str = "sd"
+    adaptive: bool = False  # requests that name no mode speculate only where the target measured it faster
     api_key: str | None = None  # None = auth disabled (local use)
     log_dir: Path | None = None  # service logs; None = inherit stderr
     draft_timeout_s: float = 5.0
@@ -217,7 +218,7 @@ def start_target(stack: Stack, index: int, core: int | tuple[int, ...] | None) -
     args = ["target_service", "--model", c.target.model, "--address", address, "--replica-id", f"target-{index}",
             "--metrics-port", str(metrics_port), "--threads", "1", *config_flag_args(c.target, TARGET_ENGINE_FIELDS),
             "--k", str(c.k), "--default-mode", c.default_mode, "--tree-budget", str(c.tree_budget),
-            "--draft-timeout-s", str(c.draft_timeout_s), *c.tls.as_args()]
+            "--draft-timeout-s", str(c.draft_timeout_s), *(["--adaptive"] if c.adaptive else []), *c.tls.as_args()]
     for draft_address in stack.draft_addresses:
         args += ["--draft-address", draft_address]
     child = spawn(f"target-{index}", args, address, core, c.log_dir, _offline_env(c))

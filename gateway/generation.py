@@ -33,7 +33,8 @@ T = TypeVar("T")
 FINISH_NAMES = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
                 common_pb2.FINISH_REASON_ABORT: "abort"}
 MODES = {"ar": common_pb2.SPECULATION_MODE_AR, "sd": common_pb2.SPECULATION_MODE_SD,
-         "ssd": common_pb2.SPECULATION_MODE_SSD, None: common_pb2.SPECULATION_MODE_UNSPECIFIED}
+         "ssd": common_pb2.SPECULATION_MODE_SSD, "auto": common_pb2.SPECULATION_MODE_AUTO,
+         None: common_pb2.SPECULATION_MODE_UNSPECIFIED}
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TextRequest:
     messages: list[dict] | None  # chat messages (the template is applied)
     params: common_pb2.SamplingParams  # max_tokens 0 = the default
     stop: tuple[str, ...] = ()
-    mode: str | None = None  # "ar" | "sd" | "ssd" | None (the target's default)
+    mode: str | None = None  # "ar" | "sd" | "ssd" | "auto" | None (the target's default)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     render: ChatRender = field(default_factory=ChatRender)  # how `messages` become the prompt
     include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string that ended the text stays
@@ -141,7 +142,7 @@ class TextGenerator:
         size-checked, then rendered and tokenized off the event loop."""
         self.check_model(req.model)
         if req.mode not in MODES:
-            raise InvalidRequest(f"mode must be 'ar', 'sd' or 'ssd', got {req.mode!r}", param="mode")
+            raise InvalidRequest(f"mode must be 'ar', 'sd', 'ssd' or 'auto', got {req.mode!r}", param="mode")
         check_params(req.params, self.vocab_size)
         ids = await self.prompt_ids(req)
         if req.truncate_prompt_tokens:

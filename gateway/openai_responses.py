@@ -25,6 +25,8 @@ def usage(d: TextDelta) -> dict:
                               "num_accepted_tokens": d.spec.num_accepted_tokens}
         if d.spec.num_cache_hits or d.spec.num_cache_misses:  # ssd: the draft's speculation cache
             out["speculation"].update(num_cache_hits=d.spec.num_cache_hits, num_cache_misses=d.spec.num_cache_misses)
+        if d.spec.num_plain_steps:  # mode auto: the steps the target took plainly (num_drafts: those it speculated)
+            out["speculation"]["num_plain_steps"] = d.spec.num_plain_steps
     return out
 
 

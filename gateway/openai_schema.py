@@ -152,7 +152,8 @@ class _Sampling(_Body):
     timeout: float | None = Field(default=None, gt=0.0, le=86400.0)  # extension: seconds; past it 504
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    mode: Literal["ar", "sd", "ssd"] | None = None  # extension: decoding mode; None = the server default
+    # extension: decoding mode; auto = speculate only where the target measured it faster; None = the server default
+    mode: Literal["ar", "sd", "ssd", "auto"] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # independent choices, generated concurrently
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)

@@ -38,6 +38,9 @@ class TargetServiceConfig:
     # ssd requests always speculate chains), K at every batch size up to max_num_seqs; proposals come from the drafts
     speculation: SpeculationConfig = field(default_factory=lambda: remote_speculation(4, None, 16))
     default_mode: DecodeMode = DecodeMode.SD  # mode of requests that name none (sd and ssd need a draft)
+    # requests that name no mode speculate (in default_mode) only in batches where the engine measured speculation
+    # faster than plain steps, as mode auto does (ssd/engine/mode_choice.py); False: they always speculate
+    adaptive: bool = False
     draft_timeout_s: float = 5.0  # a round without an answer within this breaks the session (AR fallback)
     draft_feature_layers: tuple[int, ...] | None = None  # layers whose features the draft needs; None = ask it
     draft_info_timeout_s: float = 60.0  # start-up wait for the draft's GetInfo (its feature layers)
@@ -108,6 +111,10 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
     p.add_argument("--default-mode", default=env.get("SSD_TARGET_DEFAULT_MODE", DecodeMode.SD), type=DecodeMode,
                    choices=list(DecodeMode),
                    help="mode of requests that name none (sd and ssd need --draft-address)")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction,
+                   default=env.get("SSD_TARGET_ADAPTIVE", "0").lower() in ("1", "true", "yes"),
+                   help="requests that name no mode speculate only in batches where the target measured it faster "
+                        "than plain steps (as mode auto); a request's own mode still forces it")
     p.add_argument("--draft-timeout-s", type=float, default=5.0)
     p.add_argument("--draft-feature-layers", type=parse_feature_layers,
                    default=env.get("SSD_TARGET_DRAFT_FEATURE_LAYERS", "auto"),
@@ -131,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> TargetServiceConfig:
         engine=EngineConfig(a.model, **options_from_args(a, ENGINE_FIELDS)),
         max_waiting_seqs=a.max_waiting_seqs, max_queued_tokens=a.max_queued_tokens, tls=tls_from_args(p, a),
         address=a.address, metrics_port=a.metrics_port, replica_id=a.replica_id,
-        draft_addresses=draft_addresses(a.draft_addresses, env), default_mode=a.default_mode,
+        draft_addresses=draft_addresses(a.draft_addresses, env), default_mode=a.default_mode, adaptive=a.adaptive,
         speculation=remote_speculation(a.k, TreeShape(a.tree_budget, a.k, a.tree_topk) if a.tree_budget else None,
                                        a.max_num_seqs),
         draft_timeout_s=a.draft_timeout_s, draft_feature_layers=a.draft_feature_layers,

@@ -6,6 +6,7 @@ Conversion between proto messages and engine types happens here and nowhere else
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import structlog
 from grpc import aio
@@ -38,13 +39,26 @@ MODES = {common_pb2.SPECULATION_MODE_AR: DecodeMode.AR, common_pb2.SPECULATION_M
          common_pb2.SPECULATION_MODE_SSD: DecodeMode.SSD}  # the one proto <-> engine mode mapping of the target
 
 
-def request_mode(mode: int, default: DecodeMode) -> DecodeMode:
-    """A request's mode, or the service's default when it names none; InvalidRequestError if unknown."""
+@dataclass(frozen=True)
+class RequestMode:
+    """How one request decodes: the engine's mode, and whether it speculates only in batches where the engine
+    measured speculation faster than plain steps (auto; ssd/engine/mode_choice.py)."""
+
+    mode: DecodeMode
+    adaptive: bool = False
+
+
+def request_mode(mode: int, default: DecodeMode, adaptive_default: bool = False) -> RequestMode:
+    """A request's mode: the one it names, the service's default when it names none (adaptive when the service
+    is), or for AUTO the default's speculation (sd when the default is ar) chosen per batch against plain steps;
+    InvalidRequestError if unknown."""
     if mode == common_pb2.SPECULATION_MODE_UNSPECIFIED:
-        return default
+        return RequestMode(default, adaptive_default and default is not DecodeMode.AR)
+    if mode == common_pb2.SPECULATION_MODE_AUTO:
+        return RequestMode(DecodeMode.SD if default is DecodeMode.AR else default, adaptive=True)
     if mode not in MODES:
-        raise InvalidRequestError(f"mode must be a SpeculationMode (0-3), got {mode}")
-    return MODES[mode]
+        raise InvalidRequestError(f"mode must be a SpeculationMode (0-4), got {mode}")
+    return RequestMode(MODES[mode])
 
 
 def token_logprobs_proto(logprobs: list[TokenLogprob] | None) -> list[common_pb2.TokenLogprob]:
@@ -59,8 +73,8 @@ def grammar(g: common_pb2.Grammar) -> Grammar:
     return Grammar(kind, getattr(g, kind))
 
 
-def sampling_params(p: common_pb2.SamplingParams, mode: DecodeMode) -> SamplingParams:
-    """Proto -> engine params for a resolved mode (AR, SD or SSD); the engine validates
+def sampling_params(p: common_pb2.SamplingParams, mode: DecodeMode, adaptive: bool = False) -> SamplingParams:
+    """Proto -> engine params for a resolved mode (AR, SD or SSD; adaptive: auto); the engine validates
     (InvalidRequestError -> INVALID_ARGUMENT)."""
     return SamplingParams(
         temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k, max_tokens=p.max_tokens,
@@ -71,7 +85,7 @@ def sampling_params(p: common_pb2.SamplingParams, mode: DecodeMode) -> SamplingP
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         logit_bias=sorted(p.logit_bias.items()), repetition_penalty=p.repetition_penalty or 1.0, min_p=p.min_p,
         min_tokens=p.min_tokens, grammar=grammar(p.grammar) if p.HasField("grammar") else None,
-        mode=mode)
+        mode=mode, adaptive=adaptive)
 
 
 def spec_stats(stats: SpecStats | None) -> common_pb2.SpeculationStats | None:
@@ -81,7 +95,8 @@ def spec_stats(stats: SpecStats | None) -> common_pb2.SpeculationStats | None:
     return common_pb2.SpeculationStats(
         num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens, num_emitted_tokens=stats.num_emitted_tokens,
-        num_cache_hits=stats.num_cache_hits, num_cache_misses=stats.num_cache_misses)
+        num_cache_hits=stats.num_cache_hits, num_cache_misses=stats.num_cache_misses,
+        num_plain_steps=stats.num_plain_steps)
 
 
 async def _next(stream: asyncio.Queue, deadline: float | None) -> object:
@@ -106,7 +121,8 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
         self.info = target_pb2.TargetInfo(
             model_name=config.engine.model, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
             eos_token_ids=sorted(info.eos_token_ids), tokenizer=read_tokenizer_files(info.model_path),
-            modes=[m for m, mode in MODES.items() if proposer or mode is DecodeMode.AR],
+            modes=[m for m, mode in MODES.items() if proposer or mode is DecodeMode.AR]
+            + ([common_pb2.SPECULATION_MODE_AUTO] if proposer else []),
             num_kv_blocks=engine_loop.engine.block_manager.num_blocks,
             block_size=engine_loop.engine.block_manager.block_size,
             dtype=dtype_name(engine_loop.engine.worker.dtype),  # "auto" resolved
@@ -115,12 +131,13 @@ class VerifierServicer(target_pb2_grpc.VerifierServicer):
     async def Generate(self, request: target_pb2.VerifierGenerateRequest,
                        context: aio.ServicerContext) -> AsyncIterator[target_pb2.VerifierGenerateResponse]:
         structlog.contextvars.bind_contextvars(request_id=request.request_id)
-        params = sampling_params(request.params, request_mode(request.mode, self.config.default_mode))
+        mode = request_mode(request.mode, self.config.default_mode, self.config.adaptive)
+        params = sampling_params(request.params, mode.mode, mode.adaptive)
         seq_id, stream = await self.engine_loop.add(list(request.prompt_token_ids), params)
         if request.request_id:
             self.requests[request.request_id] = seq_id
         log.info("admitted", seq_id=seq_id, prompt_tokens=len(request.prompt_token_ids),
-                 max_tokens=params.max_tokens, mode=params.mode)
+                 max_tokens=params.max_tokens, mode=params.mode, adaptive=params.adaptive)
         finished, first = False, True
         remaining = context.time_remaining()  # the caller's deadline (None = none)
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining

@@ -22,7 +22,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--api-key", default=os.environ.get("SSD_API_KEY", ""))
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--mode", choices=["ar", "sd", "ssd"])
+    parser.add_argument("--mode", choices=["ar", "sd", "ssd", "auto"])
     parser.add_argument("--system")
     return parser.parse_args(argv)
 

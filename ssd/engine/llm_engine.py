@@ -178,6 +178,9 @@ class LLMEngine:
         if adaptive:
             self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
                                      sum(len(o.new_tokens) for o in outcomes))
+            if choice == PLAIN:
+                for seq in batch.seqs:
+                    seq.spec_counters.num_plain_steps += seq.params.adaptive
         return self._commit(batch, outcomes, new_logprobs)
 
     @staticmethod
@@ -257,7 +260,8 @@ class LLMEngine:
             if reason is not None:
                 self._finish(seq, reason)
                 self.seqs.pop(seq.seq_id, None)
-                spec = seq.spec_counters if seq.spec_counters.num_drafts else None  # finished: no more counting
+                counted = seq.spec_counters.num_drafts or seq.spec_counters.num_plain_steps
+                spec = seq.spec_counters if counted else None  # finished: no more counting
             elif self.speculative_decoder is not None:  # not truncated: a truncated round finished the sequence
                 self.speculative_decoder.proposer.observe(seq.seq_id, outcome)
             outputs.append(StepOutput(seq.seq_id, emitted, reason, seq.num_prefix_cached_tokens, spec,

@@ -86,3 +86,15 @@ def test_a_request_that_names_its_mode_keeps_it(tiny_llama_and_draft):
     fixed = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     assert sum(llm.engine.mode_chooser.num_rounds.values()) == 0  # never consulted
     assert fixed.spec is not None and fixed.spec.num_drafts > 0
+
+
+def test_each_adaptive_request_reports_its_plain_and_speculated_steps(tiny_llama_and_draft):
+    target, draft = tiny_llama_and_draft
+    llm = LLM(str(target), speculation=SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
+              dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    llm.engine.mode_chooser = _Alternating()
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=16, ignore_eos=True, adaptive=True))[0]
+    rounds = llm.engine.mode_chooser.num_rounds
+    assert out.spec is not None
+    assert (out.spec.num_plain_steps, out.spec.num_drafts) == (rounds[PLAIN], rounds[SPECULATE])
+    assert out.spec.num_plain_steps > 0 and out.spec.num_drafts > 0

@@ -26,6 +26,19 @@ def test_openai_streaming_chat_equals_offline_greedy(stack, offline_greedy, mode
             assert "speculation" not in usage
 
 
+def test_auto_mode_equals_offline_greedy_and_reports_its_choices(stack, offline_greedy):
+    """mode auto: the target speculates only in batches where it measured speculation faster; a fresh chooser tries
+    both, so usage.speculation counts speculated rounds and plain steps, and the text stays the greedy text."""
+    client = openai_client(stack.url, API_KEY)
+    drafts = plain = 0
+    for prompt in PROMPTS:
+        text, usage = stream_chat(client, prompt, MAX_TOKENS, "auto")
+        assert text == offline_greedy(prompt)
+        drafts += usage["speculation"]["num_drafts"]
+        plain += usage["speculation"].get("num_plain_steps", 0)
+    assert drafts > 0 and plain > 0
+
+
 def test_openai_non_streaming_and_completions(stack, offline_greedy):
     client = openai_client(stack.url, API_KEY)
     prompt = PROMPTS[0]
