@@ -33,7 +33,7 @@ def check_forwarded(req: target_pb2.VerifierGenerateRequest) -> None:
               *p.logit_bias.values()]
     if not all(math.isfinite(x) for x in floats) or p.top_k < 0 or p.min_tokens < 0:
         raise RuntimeError("the gateway forwarded a sampling parameter out of range")
-    if req.mode not in (0, 1, 2, 3):
+    if req.mode not in common_pb2.SpeculationMode.values():  # every mode the proto defines, auto included
         raise RuntimeError(f"the gateway forwarded mode {req.mode}")
 
 

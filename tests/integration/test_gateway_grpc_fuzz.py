@@ -32,7 +32,7 @@ def requests(draw: st.DrawFn) -> gateway_pb2.GenerateRequest:
     req = gateway_pb2.GenerateRequest(
         model=draw(st.sampled_from(["", "", "fake-model", "other"])), temperature=draw(floats32),
         top_p=draw(floats32), top_k=draw(int32), max_tokens=draw(st.one_of(int32, st.integers(0, 8))),
-        stop=draw(st.lists(text, max_size=2)), mode=draw(st.one_of(st.integers(0, 3), int32)),
+        stop=draw(st.lists(text, max_size=2)), mode=draw(st.one_of(st.integers(0, 4), int32)),
         presence_penalty=draw(floats32), frequency_penalty=draw(floats32), repetition_penalty=draw(floats32),
         min_p=draw(floats32), min_tokens=draw(int32), stop_token_ids=draw(st.lists(token_ids, max_size=3)),
         logit_bias=draw(st.dictionaries(token_ids, floats32, max_size=2)),
@@ -55,7 +55,7 @@ def plausible(req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateRequest:
     out.temperature = 0.0 if not math.isfinite(req.temperature) else min(abs(req.temperature), 2.0)
     out.top_p, out.min_p, out.presence_penalty, out.frequency_penalty, out.repetition_penalty = 1.0, 0.0, 0, 0, 1
     out.top_k, out.min_tokens, out.max_tokens = abs(req.top_k) % 50, 0, abs(req.max_tokens) % 8
-    out.mode, out.model = req.mode % 4, ""
+    out.mode, out.model = req.mode % 5, ""
     del out.stop_token_ids[:]
     out.logit_bias.clear()
     for field in ("logprobs", "prompt_logprobs", "truncate_prompt_tokens"):

@@ -66,7 +66,7 @@ def generate_requests(draw: st.DrawFn, vocab: int) -> target_pb2.VerifierGenerat
             setattr(params, name, draw(values))
     return target_pb2.VerifierGenerateRequest(request_id=draw(st.text(max_size=8)), params=params,
                                               prompt_token_ids=draw(st.lists(ids, max_size=6)),
-                                              mode=draw(st.one_of(st.integers(0, 3), int32)))
+                                              mode=draw(st.one_of(st.integers(0, 4), int32)))
 
 
 def plausible_generate(req: target_pb2.VerifierGenerateRequest, vocab: int) -> target_pb2.VerifierGenerateRequest:
@@ -84,7 +84,7 @@ def plausible_generate(req: target_pb2.VerifierGenerateRequest, vocab: int) -> t
     ids = [abs(t) % vocab for t in out.prompt_token_ids] or [1]
     del out.prompt_token_ids[:]
     out.prompt_token_ids.extend(ids)
-    out.mode = out.mode % 4
+    out.mode = out.mode % 5
     return out
 
 
