@@ -13,14 +13,12 @@ from grpc import aio
 from gateway.admission import Admission
 from gateway.auth import ApiKeys
 from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
-from gateway.generation import TextDelta, TextGenerator, TextRequest
+from gateway.generation import MODES, TextDelta, TextGenerator, TextRequest
 from protos.ssd.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 FINISH_CODES = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH,
                 "abort": common_pb2.FINISH_REASON_ABORT, None: common_pb2.FINISH_REASON_UNSPECIFIED}
-MODE_NAMES = {common_pb2.SPECULATION_MODE_UNSPECIFIED: None, common_pb2.SPECULATION_MODE_AR: "ar",
-              common_pb2.SPECULATION_MODE_SD: "sd", common_pb2.SPECULATION_MODE_SSD: "ssd",
-              common_pb2.SPECULATION_MODE_AUTO: "auto"}
+MODE_NAMES = {number: name for name, number in MODES.items()}  # proto -> the HTTP names, the one mapping inverted
 CHAT_ROLES = frozenset({"system", "user", "assistant", "developer"})  # "tool" needs a tool_call_id the proto lacks
 
 
@@ -43,7 +41,7 @@ def _text_request(req: gateway_pb2.GenerateRequest, deadline: float | None = Non
     if req.HasField("truncate_prompt_tokens") and req.truncate_prompt_tokens < 1:
         raise InvalidRequest(f"truncate_prompt_tokens must be >= 1, got {req.truncate_prompt_tokens}")
     if req.mode not in MODE_NAMES:
-        raise InvalidRequest(f"mode must be a SpeculationMode (0-4), got {req.mode}", param="mode")
+        raise InvalidRequest(f"mode must be a SpeculationMode (0-{max(MODE_NAMES)}), got {req.mode}", param="mode")
     params = common_pb2.SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k,
                                        max_tokens=req.max_tokens, presence_penalty=req.presence_penalty,
                                        frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias,
