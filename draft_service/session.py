@@ -228,7 +228,8 @@ class Session:
             for seq_id, _ in asking:
                 out.errors.add(seq_id=seq_id, code="INVALID_ARGUMENT", message=f"SSD options: {e}")
             return None
-        requests = [self._request(seq, k, None) for _, seq in asking]  # SSD speculates chains
+        sd_round = set(round_.sd_round_seq_ids)  # drafted now, no cache built (the target's mode auto chose SD)
+        requests = [self._request(seq, k, None, seq_id in sd_round) for seq_id, seq in asking]  # SSD: chains
         answers, job = self.ssd.answer(requests, [seq for _, seq in asking], config)
         speculations.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
         out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
@@ -247,10 +248,10 @@ class Session:
         finally:
             self.last_build_s = time.perf_counter() - started
 
-    def _request(self, seq: DraftRecord, k: int, tree: TreeShape | None) -> ProposeRequest:
+    def _request(self, seq: DraftRecord, k: int, tree: TreeShape | None, sd_round: bool = False) -> ProposeRequest:
         features_start, features = seq.features.take()  # [n, F] or None
         return ProposeRequest(seq.seq_id, list(seq.token_ids), k, seq.temperature, seq.generator, tree,
-                              features, features_start, mode=seq.mode, grammar=seq.answer_grammar())
+                              features, features_start, mode=seq.mode, grammar=seq.answer_grammar(), sd_round=sd_round)
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

@@ -27,6 +27,8 @@ def usage(d: TextDelta) -> dict:
             out["speculation"].update(num_cache_hits=d.spec.num_cache_hits, num_cache_misses=d.spec.num_cache_misses)
         if d.spec.num_plain_steps:  # mode auto: the steps the target took plainly (num_drafts: those it speculated)
             out["speculation"]["num_plain_steps"] = d.spec.num_plain_steps
+        if d.spec.num_sd_rounds:  # mode auto, ssd: rounds speculated as plain SD, without the draft's cache
+            out["speculation"]["num_sd_rounds"] = d.spec.num_sd_rounds
     return out
 
 

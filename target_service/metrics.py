@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rpc.metrics_http import ENGINE_INDEX, METRICS_LABELS
-from ssd.engine.mode_choice import PLAIN, SPECULATE
+from ssd.engine.mode_choice import CHOICES
 from ssd.speculation.speculation_stats import SpecStats
 from target_service.engine_loop import EngineLoop, LoadSnapshot
 
@@ -94,9 +94,9 @@ class _EngineCollector:
 
     def _adaptive(self, s: LoadSnapshot) -> Iterator[Metric]:
         rounds = CounterMetricFamily("ssd:adaptive_rounds", "Decode steps of adaptive requests, by what the "
-                                     "engine's mode chooser took (speculate or plain)",
+                                     "engine's mode chooser took (speculate, sd or plain)",
                                      labels=[*METRICS_LABELS, "choice"])
-        for choice in (SPECULATE, PLAIN):
+        for choice in CHOICES:
             rounds.add_metric([*self.labels, choice], s.adaptive_rounds.get(choice, 0))
         yield rounds
         yield self._counter("ssd:adaptive_switches", "Times the mode chooser changed its choice between steps",

@@ -252,6 +252,7 @@ class RemoteProposer:
         if tree is not None:
             round_.tree.CopyFrom(draft_pb2.TreeShape(budget=tree.budget, depth=tree.depth, top_k=tree.top_k))
         entries = [(r, self._entry(session, r, round_)) for r in requests]
+        round_.sd_round_seq_ids.extend(r.seq_id for r in requests if r.sd_round)
         if session.sends_features:
             self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
         round_id = next(self._round_ids)
@@ -275,7 +276,8 @@ class RemoteProposer:
         out = []
         for r in requests:
             item = None if r.seq_id in failed else by_id.get(r.seq_id)
-            speculation = self._speculation(session, item, is_ssd=r.mode is DecodeMode.SSD and answered_ssd)
+            is_ssd = r.mode is DecodeMode.SSD and answered_ssd and not r.sd_round  # an SD round carries no hit flag
+            speculation = self._speculation(session, item, is_ssd=is_ssd)
             if speculation is None:
                 session.known.pop(r.seq_id, None)  # re-sent as a Prefill next round
                 out.append(Speculation([]))

@@ -96,7 +96,7 @@ def spec_stats(stats: SpecStats | None) -> common_pb2.SpeculationStats | None:
         num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens, num_emitted_tokens=stats.num_emitted_tokens,
         num_cache_hits=stats.num_cache_hits, num_cache_misses=stats.num_cache_misses,
-        num_plain_steps=stats.num_plain_steps)
+        num_plain_steps=stats.num_plain_steps, num_sd_rounds=stats.num_sd_rounds)
 
 
 async def _next(stream: asyncio.Queue, deadline: float | None) -> object:

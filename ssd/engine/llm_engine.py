@@ -15,7 +15,7 @@ from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.device import resolve_device
 from ssd.dtypes import dtype_name
-from ssd.engine.mode_choice import PLAIN, SPECULATE, ModeChooser
+from ssd.engine.mode_choice import CHOICES, PLAIN, SD, SPECULATE, SPECULATE_OR_PLAIN, ModeChooser
 from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.speculative_decoder import SpeculativeDecoder
@@ -163,30 +163,54 @@ class LLMEngine:
         decoder = self.speculative_decoder
         k = decoder.config.lookahead_for(len(batch.seqs)) if decoder is not None else 0
         adaptive = batch.mode == ForwardMode.DECODE and k > 0 and any(s.params.adaptive for s in batch.seqs)
-        choice = self.mode_chooser.choose(len(batch.seqs)) if adaptive else SPECULATE
+        options = self._options(batch.seqs) if adaptive else SPECULATE_OR_PLAIN
+        choice = self.mode_chooser.choose(len(batch.seqs), options, k) if adaptive else SPECULATE
         started = time.perf_counter()
         if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):
-            plain = frozenset(s.seq_id for s in batch.seqs if s.params.adaptive) if choice == PLAIN else frozenset()
-            outcomes, new_logprobs = decoder.run_round(batch.seqs, k, plain)
+            outcomes, new_logprobs = self._speculative_round(batch.seqs, k, choice)
         else:
+            decoding = batch.mode == ForwardMode.DECODE
             batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
             if not batch.seqs:
                 return []
             tokens, new_logprobs = self._sample(batch, items, logits)
+            if decoding:  # what a decode-shaped forward costs, for the chooser's predictions
+                self.mode_chooser.forward_cost.record(len(batch.seqs), time.perf_counter() - started)
             outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens,
                                                                                         strict=True)]
         if adaptive:
             self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
-                                     sum(len(o.new_tokens) for o in outcomes))
-            if choice == PLAIN:
-                for seq in batch.seqs:
-                    seq.spec_counters.num_plain_steps += seq.params.adaptive
+                                     sum(len(o.new_tokens) for o in outcomes), options)
+            for seq in batch.seqs:
+                seq.spec_counters.num_plain_steps += seq.params.adaptive and choice == PLAIN
+                seq.spec_counters.num_sd_rounds += seq.params.adaptive and choice == SD and decoder.overlaps(seq)
         return self._commit(batch, outcomes, new_logprobs)
+
+    def _speculative_round(self, seqs: list[Sequence], k: int,
+                           choice: str) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
+        """A speculative round under the chooser's `choice` for the adaptive sequences (plain steps, or SD rounds
+        for SSD ones); its verify forward's cost goes to the chooser's forward-cost model."""
+        decoder = self.speculative_decoder
+        held = frozenset(s.seq_id for s in seqs if s.params.adaptive) if choice != SPECULATE else frozenset()
+        counters = decoder.counters
+        verify_s, drafted = counters.verify_s, counters.num_draft_tokens
+        out = decoder.run_round(seqs, k, plain=held if choice == PLAIN else frozenset(),
+                                sd_round=held if choice == SD else frozenset())
+        self.mode_chooser.forward_cost.record(len(seqs) + counters.num_draft_tokens - drafted,
+                                              counters.verify_s - verify_s)  # root + draft tokens of each sequence
+        return out
 
     @staticmethod
     def _speculates(seqs: list[Sequence], choice: str) -> bool:
         """Whether a decode batch takes a speculative round: some sequence speculates under `choice`."""
-        return any(s.params.is_speculative and (choice == SPECULATE or not s.params.adaptive) for s in seqs)
+        return any(s.params.is_speculative and (choice != PLAIN or not s.params.adaptive) for s in seqs)
+
+    def _options(self, seqs: list[Sequence]) -> tuple[str, ...]:
+        """The mode chooser's options for a decode batch: SD too where an adaptive sequence runs SSD."""
+        decoder = self.speculative_decoder
+        if decoder is not None and any(s.params.adaptive and decoder.overlaps(s) for s in seqs):
+            return CHOICES
+        return SPECULATE_OR_PLAIN
 
     def _forward(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[ForwardItem], torch.Tensor]:
         """Feed each sequence its scheduled tokens. A prompt chunk that leaves more of the prompt to feed only

@@ -1,15 +1,44 @@
-"""Never slower than plain decoding: per batch size, speculate or not, whichever the engine measured faster.
+"""Never slower than the alternative: per batch size, speculate (SSD with its overlap), speculate as plain SD, or
+decode plainly, whichever the engine measured fastest.
 
-The engine times every decode step it takes (a speculative round or a plain step) and counts the tokens it
-committed. Per batch-size bucket (1, 2, 3-4, 5-8, ...) the chooser keeps a moving average of tokens per second for
-each choice, takes the faster one, and probes the other now and then (a choice's speed drifts with the acceptance
-of the text and the load). Only sequences whose mode is adaptive follow it; a request that names its mode keeps it.
-Output stays exact either way: speculation is lossless, so a switch changes when tokens come, not which.
+The engine times every decode step it takes and counts the tokens it committed. Per batch-size bucket (1, 2, 3-4,
+5-8, ...) the chooser keeps each choice's speed: its mean tokens per step over its last `token_window` steps (a
+speculative round's yield varies far more from round to round than its time) over the median seconds of its last
+`window` steady steps. It takes the fastest and probes the others now and then (a choice's speed drifts with the
+text and the load). The first step after a switch pays for the switch (a draft that sat out plain steps first
+catches up on every token it skipped; an SSD draft has no cache to answer from), so a probe runs up to `probe_steps`
+steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones count as its
+speed; the first one counts only until a later one is measured. A probe of a slower choice costs time (its steps'
+excess over what their tokens take at the best speed, its switch step included), so how often it comes back follows
+what it cost: probes may take about `explore` of the decode time. One that lost little returns after `min_gap`
+steps; one that took five times as long as its tokens were worth returns far later; but one whose few measured
+rounds leave it within reach of the best (two standard errors of its tokens per round) returns after `min_gap` steps
+whatever it cost.
+
+An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
+one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
+line through the engine's decode steps and verifies of other sizes (ForwardCost), and the round's yield is the
+tokens per sequence that speculation gave at the nearest other batch size. The prediction leaves the drafting out,
+so it is optimistic: where even it loses to plain steps, the bucket starts from it and probes for real when the
+budget allows.
+
+The choices: SPECULATE, each sequence in its own mode (an SSD sequence's draft builds its next answer while the
+target verifies); SD, only offered when an adaptive sequence runs SSD: such sequences speculate as plain SD this
+round (the draft drafts now and builds nothing, for when the build slows the verify more than its hits save); PLAIN,
+a plain decode step. Only sequences whose mode is adaptive follow the chooser; a request that names its mode keeps
+it. Output stays exact either way: speculation is lossless, so a switch changes when tokens come, not which.
 """
 
+import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
-SPECULATE, PLAIN = "speculate", "plain"
+from ssd.engine.forward_cost import ForwardCost
+
+SPECULATE, SD, PLAIN = "speculate", "sd", "plain"
+CHOICES = (SPECULATE, SD, PLAIN)
+SPECULATE_OR_PLAIN = (SPECULATE, PLAIN)
 
 
 def bucket_of(batch_size: int) -> int:
@@ -18,53 +47,175 @@ def bucket_of(batch_size: int) -> int:
 
 
 @dataclass
+class _Speed:
+    """A choice's speed in a bucket: the mean tokens of its last steps over the median seconds of its last steady steps
+    (a switch's first step left out of the seconds). The tokens of a speculative round vary far more from round to
+    round than its time, so they are averaged over more steps. Until a steady step is measured, a prediction or a
+    switch's step stands in (`provisional`)."""
+
+    seconds: deque[float]  # of its last steady steps
+    tokens: deque[int]  # of its last steps
+    provisional: tuple[float, float] | None = None  # (tokens per second, seconds per step) standing in
+
+    @property
+    def tok_s(self) -> float:
+        if not self.seconds:
+            return self.provisional[0] if self.provisional else 0.0
+        return (sum(self.tokens) / len(self.tokens)) / self.step_s
+
+    @property
+    def step_s(self) -> float:
+        """The median of its steady steps' seconds: a step the machine stalled (another process, a page fault)
+        does not make a choice look slow."""
+        if not self.seconds:
+            return self.provisional[1] if self.provisional else 0.0
+        return statistics.median(self.seconds)
+
+    def could_reach(self, tok_s: float, batch_size: int) -> bool:
+        """Whether its tokens per step measured so far leave it within reach of `tok_s`: their mean plus two
+        standard errors, the spread taken as at least half a token per sequence (sqrt(B) / 2) however few steps
+        were measured. With no steady step measured yet, the stand-in says."""
+        n = len(self.tokens)
+        if not n or not self.seconds:
+            return self.provisional is None or self.provisional[0] >= tok_s
+        mean = sum(self.tokens) / n
+        sd = math.sqrt(sum((t - mean) ** 2 for t in self.tokens) / (n - 1)) if n > 1 else 0.0
+        sd = max(sd, math.sqrt(batch_size) / 2)
+        return (mean + 2 * sd / math.sqrt(n)) / self.step_s >= tok_s
+
+
+@dataclass
 class _Bucket:
-    tok_s: dict[str, float] = field(default_factory=dict)  # choice -> moving average of tokens per second
-    rounds_since_probe: int = 0
+    speeds: dict[str, _Speed] = field(default_factory=dict)  # choice -> its speed here
+    since: dict[str, int] = field(default_factory=dict)  # choice -> steps taken here since it last ran
+    run: int = 0  # consecutive steps of the last choice taken here
+    cost: dict[str, float] = field(default_factory=dict)  # choice -> excess seconds of its last probe
+    last: str | None = None  # the last choice taken here
 
 
 @dataclass
 class ModeChooser:
-    probe_every: int = 32  # rounds of the better choice between two probes of the other
-    smoothing: float = 0.25  # weight of the newest measurement in the moving average
-    buckets: dict[int, _Bucket] = field(default_factory=dict)
-    num_rounds: dict[str, int] = field(default_factory=lambda: {SPECULATE: 0, PLAIN: 0})
+    min_gap: int = 32  # steps of the best choice between two probes of another, at the least
+    probe_steps: int = 4  # steps a probe runs (its first pays for the switch)
+    explore: float = 0.03  # the share of decode time the probes of a slower choice may cost
+    window: int = 8  # steady steps a choice's time per step is measured over
+    token_window: int = 64  # steps a choice's tokens per step are measured over
+    buckets: dict[tuple[int, tuple[str, ...]], _Bucket] = field(default_factory=dict)  # (bucket, options) -> it
+    forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records its plain forwards here
+    yield_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> speculation's tokens per seq per round
+    num_rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHOICES, 0))
+    num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
     num_switches: int = 0
     last: str | None = None
 
-    def choose(self, batch_size: int) -> str:
-        """SPECULATE or PLAIN for a decode batch of this size: an unmeasured choice first, then the faster one,
-        and the slower one again every `probe_every` rounds."""
-        b = self.buckets.setdefault(bucket_of(batch_size), _Bucket())
-        untried = [c for c in (SPECULATE, PLAIN) if c not in b.tok_s]
-        if untried:
-            return untried[0]
-        best = max(b.tok_s, key=b.tok_s.__getitem__)
-        if b.rounds_since_probe >= self.probe_every:
-            return PLAIN if best == SPECULATE else SPECULATE
-        return best
+    def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0) -> str:
+        """One of `options` (PLAIN among them) for a decode batch of this size with lookahead K = `lookahead`:
+        plain first, then each untried choice (or its prediction), then the fastest, with probes of the others."""
+        b = self._bucket(batch_size, options)
+        for choice in (PLAIN, *options):
+            if choice not in b.speeds and not self._predict(b, choice, batch_size, lookahead):
+                return choice
+        best = self._best(b, options)
+        top = b.speeds[best].tok_s
+        probe = b.speeds[b.last] if b.last != best else None
+        if probe is not None and b.run < self.probe_steps and (not probe.seconds or probe.could_reach(top, batch_size)):
+            return b.last  # a probe goes on past its switch step, unless its steady steps are hopeless already
+        due = [c for c in options if c != best and b.since.get(c, 0) >= self._gap(b, c, best, batch_size)]
+        return max(due, key=lambda c: b.since.get(c, 0)) if due else best
 
-    def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int) -> None:
+    def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
+               options: tuple[str, ...] = SPECULATE_OR_PLAIN) -> None:
         """One decode step of `choice` took `seconds` and committed `num_tokens` tokens over the batch."""
         if seconds <= 0 or num_tokens <= 0:
             return
-        b = self.buckets.setdefault(bucket_of(batch_size), _Bucket())
-        best_before = max(b.tok_s, key=b.tok_s.__getitem__) if b.tok_s else choice
-        rate = num_tokens / seconds
-        old = b.tok_s.get(choice)
-        b.tok_s[choice] = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
-        b.rounds_since_probe = b.rounds_since_probe + 1 if choice == best_before else 0  # a probe restarts the count
+        b = self._bucket(batch_size, options)
+        prev = b.last
+        switched = prev is not None and choice != prev
+        b.run = 1 if switched or prev is None else b.run + 1
+        b.last = choice
+        self._charge(b, choice, options, switched, seconds, num_tokens)
+        speed = b.speeds.setdefault(choice, self._new_speed())
+        if switched and prev in b.cost and speed.seconds:  # coming back from a probe of `prev` paid this switch
+            b.cost[prev] += max(0.0, seconds - speed.step_s)
+        speed.tokens.append(num_tokens)
+        if not switched:
+            speed.seconds.append(seconds)
+            speed.provisional = None
+        elif not speed.seconds and speed.provisional is None:  # nothing better known yet
+            speed.provisional = (num_tokens / seconds, seconds)
+        if all(c in b.speeds for c in options) and self._best(b, options) == choice:
+            b.cost.pop(choice, None)  # it leads: its probes' cost is history
+        for c in options:
+            b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
+        if choice != PLAIN:
+            size, per_seq = bucket_of(batch_size), num_tokens / batch_size
+            old_yield = self.yield_per_seq.get(size)
+            self.yield_per_seq[size] = per_seq if old_yield is None else 0.75 * old_yield + 0.25 * per_seq
         self.num_rounds[choice] += 1
         self.num_switches += self.last is not None and choice != self.last
         self.last = choice
 
+    def _new_speed(self, provisional: tuple[float, float] | None = None) -> _Speed:
+        return _Speed(deque(maxlen=self.window), deque(maxlen=self.token_window), provisional)
+
+    def _bucket(self, batch_size: int, options: tuple[str, ...]) -> _Bucket:
+        return self.buckets.setdefault((bucket_of(batch_size), options), _Bucket())
+
+    @staticmethod
+    def _best(b: _Bucket, options: tuple[str, ...]) -> str:
+        return max(options, key=lambda c: b.speeds[c].tok_s)
+
+    @staticmethod
+    def _charge(b: _Bucket, choice: str, options: tuple[str, ...], switched: bool, seconds: float,
+                num_tokens: int) -> None:
+        """A step of a choice that trails the fastest other one: add its excess time to its probe's cost."""
+        rivals = [c for c in options if c != choice and c in b.speeds]
+        if not rivals:
+            return
+        top = b.speeds[max(rivals, key=lambda c: b.speeds[c].tok_s)]
+        if choice in b.speeds and b.speeds[choice].tok_s >= top.tok_s:
+            return
+        cost = 0.0 if switched else b.cost.get(choice, 0.0)
+        b.cost[choice] = cost + max(0.0, seconds - num_tokens / top.tok_s)
+
+    def _gap(self, b: _Bucket, choice: str, best: str, batch_size: int) -> int:
+        """Steps of `best` before `choice` is probed again: a probe costs its excess time over what its tokens take
+        at the best speed (as its last probe measured, else from the two speeds), and probes may cost `explore` of
+        the time."""
+        slow, fast = b.speeds[choice], b.speeds[best]
+        if slow.could_reach(fast.tok_s, batch_size):
+            return self.min_gap  # too few of its steps measured to tell: probe it again soon
+        cost = b.cost.get(choice)
+        if cost is None:
+            cost = self.probe_steps * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s)
+        return max(self.min_gap, math.ceil(cost / (self.explore * fast.step_s)))
+
+    def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
+        """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here
+        (then it waits for its probe); False: it must be tried (no prediction, or one that could win)."""
+        if choice == PLAIN or lookahead < 1 or PLAIN not in b.speeds:
+            return False
+        size = bucket_of(batch_size)
+        measured = [s for s in self.yield_per_seq if s != size]
+        seconds = self.forward_cost.seconds(batch_size * (lookahead + 1))
+        if not measured or seconds is None:
+            return False
+        nearest = min(measured, key=lambda s: abs(math.log2(s / size)))
+        rate = batch_size * self.yield_per_seq[nearest] / seconds  # drafting left out: an optimistic speed
+        if rate >= b.speeds[PLAIN].tok_s:
+            return False
+        b.speeds[choice] = self._new_speed((rate, seconds))
+        b.since[choice] = 0
+        self.num_predicted += 1
+        return True
+
     def summary(self) -> dict[str, float | int | str | None]:
-        """What it chose: rounds of each choice, switches, the last choice, and the measured speeds per bucket."""
+        """What it chose: steps of each choice, switches, predictions, the last choice, and the speeds per bucket."""
         out: dict[str, float | int | str | None] = {
-            "adaptive_speculated_rounds": self.num_rounds[SPECULATE],
+            "adaptive_speculated_rounds": self.num_rounds[SPECULATE], "adaptive_sd_rounds": self.num_rounds[SD],
             "adaptive_plain_rounds": self.num_rounds[PLAIN], "adaptive_switches": self.num_switches,
-            "adaptive_last_choice": self.last}
-        for size, b in sorted(self.buckets.items()):
-            for choice, rate in b.tok_s.items():
-                out[f"adaptive_tok_s_batch{size}_{choice}"] = rate
+            "adaptive_predicted_buckets": self.num_predicted, "adaptive_last_choice": self.last}
+        for (size, _), b in sorted(self.buckets.items()):
+            for choice, speed in b.speeds.items():
+                out[f"adaptive_tok_s_batch{size}_{choice}"] = speed.tok_s
         return out

@@ -63,14 +63,19 @@ class SpeculativeDecoder:
     def release(self, seq_id: int) -> None:
         self.proposer.release(seq_id)
 
-    def _request(self, seq: Sequence, k: int) -> ProposeRequest:
+    def overlaps(self, seq: Sequence) -> bool:
+        """Whether the sequence speculates SSD-style: its draft builds the next answer while the target verifies (in
+        one process: the engine's SSD config; with a remote draft: the request's mode)."""
+        return seq.params.is_speculative and (self.config.ssd is not None or seq.params.mode is DecodeMode.SSD)
+
+    def _request(self, seq: Sequence, k: int, sd_round: bool = False) -> ProposeRequest:
         p = seq.params
         dtemp = 0.0 if p.is_greedy else (p.draft_temperature if p.draft_temperature is not None else p.temperature)
         start, features = seq.features.take()
         grammar = AnswerGrammar(seq.grammar, seq.output_token_ids) if seq.grammar is not None else None
         return ProposeRequest(seq.seq_id, seq.token_ids, k, dtemp, seq.generator, self.config.tree,
                               features, start, mode=p.mode or DecodeMode.SD, grammar=grammar,
-                              num_cached_tokens=seq.num_prefix_cached_tokens)
+                              num_cached_tokens=seq.num_prefix_cached_tokens, sd_round=sd_round)
 
     def _item(self, seq: Sequence, speculation: Speculation) -> ForwardItem:
         start = seq.num_cached_tokens  # the last committed token's position: the root
@@ -84,13 +89,15 @@ class SpeculativeDecoder:
         return ForwardItem(tokens, start, seq.block_table, len(tokens), positions, mask)
 
     def run_round(self, seqs: list[Sequence], k: int, plain: frozenset[int] = frozenset(),
-                  ) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
+                  sd_round: frozenset[int] = frozenset()) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:
         """Per sequence, the round's outcome (accepted tokens + bonus token, before stop / length truncation), and
         the logprobs of those tokens for the sequences that asked (None for the others). Sequences in `plain`
-        (and those that never speculate) take a plain decode step in the same forward."""
+        (and those that never speculate) take a plain decode step in the same forward; SSD sequences in `sd_round`
+        speculate as plain SD this round (drafted now, no cache built during the verify)."""
         started = time.perf_counter()
         asking = [s for s in seqs if s.params.is_speculative and s.seq_id not in plain]
-        proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose([self._request(s, k) for s in asking]),
+        requests = [self._request(s, k, s.seq_id in sd_round) for s in asking]
+        proposed = dict(zip((s.seq_id for s in asking), self.proposer.propose(requests),
                             strict=True)) if asking else {}
         speculations = [self._with_forced_tokens(s, proposed[s.seq_id], k) if s.seq_id in proposed else Speculation([])
                  for s in seqs]

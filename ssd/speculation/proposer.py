@@ -33,6 +33,7 @@ class ProposeRequest:
     mode: DecodeMode = DecodeMode.SD  # SD or SSD (a remote draft answers SSD from its speculation cache)
     grammar: AnswerGrammar | None = None  # structured output: propose only what the grammar allows (speed only)
     num_cached_tokens: int = 0  # leading prompt tokens the target's prefix cache served (whole blocks)
+    sd_round: bool = False  # SSD: speculate as plain SD this round (drafted now, no cache built; mode auto's choice)
 
 
 class Proposer(Protocol):

@@ -20,6 +20,7 @@ class SpecStats:
     num_accepted_tokens: int = 0  # draft tokens the target kept
     num_emitted_tokens: int = 0  # accepted + bonus tokens
     num_plain_steps: int = 0  # adaptive (auto) sequences: decode steps taken plainly, where plain measured faster
+    num_sd_rounds: int = 0  # adaptive SSD sequences: rounds speculated as plain SD (of num_drafts; no cache lookup)
     accepted_per_position: list[int] = field(default_factory=list)  # [j] = rounds accepting >= j+1 tokens
     # SSD rounds only: was the verified speculation a cache hit, and what did it yield
     num_cache_hits: int = 0

@@ -4,6 +4,8 @@
 counted it from the caller's DraftRecord (ssd/speculation/draft_record.py), returns the cached speculation for that
 key (a hit) or a backup (a miss: the neural draft now for small batches, n-gram lookup above; only the sequences
 that missed), and notes in the record what it returned. The speculator keeps no per-sequence state of its own.
+A request marked `sd_round` (mode auto chose plain SD for this round) gets the neural draft's speculation now,
+no lookup, and nothing built after it.
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
 decodes all branches K deep (one batched forward per depth), and stores (seq, j, guess) -> K tokens (+ q).
@@ -113,10 +115,14 @@ class SsdSpeculator:
         started = time.perf_counter()
         out: dict[int, Speculation] = {}
         misses: list[tuple[ProposeRequest, DraftRecord]] = []
+        sd_now: list[tuple[ProposeRequest, DraftRecord]] = []  # speculated as plain SD this round
         for r, state in zip(requests, records, strict=True):
             outcome = state.outcome
             if outcome is not None:
                 self._record(state, outcome)
+            if r.sd_round:
+                sd_now.append((r, state))
+                continue
             cached = state.cache.get(outcome) if outcome is not None else None
             predicted = state.predicted_hit if outcome is not None else None
             if predicted is not None:
@@ -131,11 +137,12 @@ class SsdSpeculator:
             out[r.seq_id] = Speculation(cached.tokens[:n], None, q,
                                         cache_hit=True, predicted_hit=predicted)
         lookup = time.perf_counter() - started
-        num_misses = len(misses)
+        num_misses, num_answered = len(misses), len(requests) - len(sd_now)
         if misses and config.backup_hits and config.backup_for(len(requests)) is Backup.NEURAL:
-            misses = list(zip(requests, records, strict=True))  # the hits ride along in the backup's forwards
+            misses = [(r, state) for r, state in zip(requests, records, strict=True) if not r.sd_round]  # hits too
         consumed = self._backup(misses, config, len(requests), out)  # seq ids whose features a backup used
-        self.counters.num_hits += len(requests) - num_misses
+        self._draft_now(sd_now, out)
+        self.counters.num_hits += num_answered - num_misses
         self.counters.num_misses += num_misses
         self.counters.last_lookup_s, self.counters.last_backup_s = lookup, time.perf_counter() - started - lookup
         self.counters.lookup_s += lookup
@@ -145,9 +152,17 @@ class SsdSpeculator:
         for r, state in zip(requests, records, strict=True):
             spec = out[r.seq_id]
             state.answered(spec.tokens, bool(spec.cache_hit))
-            job.pending.append(_Pending(r, state, spec, r.seq_id in consumed))
+            if not r.sd_round:
+                job.pending.append(_Pending(r, state, spec, r.seq_id in consumed))
             specs.append(spec)
         return specs, job
+
+    def _draft_now(self, sd_now: list[tuple[ProposeRequest, DraftRecord]], out: dict[int, Speculation]) -> None:
+        """Plain SD for these sequences: the neural draft's speculation now, not an SSD answer (no cache-hit flag);
+        no cache is built for them, so their next SSD answer is a backup."""
+        if sd_now:
+            for (r, _), spec in zip(sd_now, self.neural.propose([r for r, _ in sd_now]), strict=True):
+                out[r.seq_id] = Speculation(spec.tokens, None, spec.q)
 
     def _backup(self, misses: list[tuple[ProposeRequest, DraftRecord]], config: SsdConfig, batch_size: int,
                 out: dict[int, Speculation]) -> set[int]:

@@ -90,6 +90,26 @@ def test_plain_and_ssd_sequences_share_a_round(draft, greedy):
     assert [p.request.seq_id for p in out.build.pending] == [session.seqs[2].seq_id]  # only ssd builds
 
 
+def test_an_sd_round_drafts_afresh_builds_nothing_and_the_next_ssd_round_misses(draft, greedy):
+    """Round.sd_round_seq_ids (the target's mode auto chose SD): the cache that would hit is passed over, the answer
+    is the draft's own speculation without a cache-hit flag, and no cache is built for it."""
+    session = Session(draft.proposer, "test", ssd=draft.ssd)
+    tokens = [*PROMPT, greedy[0]]
+    first = session.answer(draft_pb2.Round(num_speculative_tokens=K, prefills=[prefill(1, tokens)]))
+    session.build(first.build)
+    outcome = all_accepted(1, len(tokens), greedy[1 : K + 1], greedy[K + 1])
+    sd = session.answer(draft_pb2.Round(num_speculative_tokens=K, outcomes=[outcome], sd_round_seq_ids=[1]))
+    item = sd.speculations.items[0]
+    assert list(item.token_ids) == greedy[K + 2 : 2 * K + 2]  # what the cache held, drafted afresh
+    assert not item.is_cache_hit and not item.HasField("predicted_hit")
+    assert sd.build is not None and sd.build.pending == []
+    assert draft.ssd.counters.num_hits + draft.ssd.counters.num_misses == 1  # the SD round was no lookup
+    after = all_accepted(1, len(tokens) + K + 1, greedy[K + 2 : 2 * K + 2], greedy[2 * K + 2])
+    third = session.answer(draft_pb2.Round(num_speculative_tokens=K, outcomes=[after]))
+    assert not third.speculations.items[0].is_cache_hit  # nothing was built: a backup
+    assert [p.request.seq_id for p in third.build.pending] == [session.seqs[1].seq_id]  # SSD again: it builds
+
+
 def test_bad_ssd_options_are_a_sequence_error_and_the_session_goes_on(draft, greedy):
     session = Session(draft.proposer, "test", ssd=draft.ssd)
     tokens = [*PROMPT, greedy[0]]

@@ -3,8 +3,8 @@ choice now and then, and never changes the tokens (greedy output identical acros
 
 import pytest
 
-from ssd.config import ProposerChoice, SpeculationConfig
-from ssd.engine.mode_choice import PLAIN, SPECULATE, ModeChooser, bucket_of
+from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
+from ssd.engine.mode_choice import CHOICES, PLAIN, SD, SPECULATE, ModeChooser, bucket_of
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from tests.tiny_models import write_tiny_checkpoint
@@ -23,11 +23,11 @@ def test_buckets_are_powers_of_two():
 
 
 def test_tries_each_then_keeps_the_faster_and_probes_the_other():
-    chooser = ModeChooser(probe_every=4)
+    chooser = ModeChooser(min_gap=4, explore=1.0, probe_steps=1)  # one-step probes, as often as min_gap allows
+    assert chooser.choose(1) == PLAIN  # an untried bucket takes a plain step first
+    chooser.record(1, PLAIN, seconds=1.0, num_tokens=30)  # 30 tok/s
     assert chooser.choose(1) == SPECULATE
-    chooser.record(1, SPECULATE, seconds=1.0, num_tokens=10)  # 10 tok/s
-    assert chooser.choose(1) == PLAIN
-    chooser.record(1, PLAIN, seconds=1.0, num_tokens=30)  # 30 tok/s: plain wins
+    chooser.record(1, SPECULATE, seconds=1.0, num_tokens=10)  # 10 tok/s: plain wins
     picks = []
     for _ in range(10):
         choice = chooser.choose(1)
@@ -37,20 +37,70 @@ def test_tries_each_then_keeps_the_faster_and_probes_the_other():
     assert picks[:4] == [PLAIN] * 4
 
 
-def test_switches_back_when_speculation_becomes_faster():
-    chooser = ModeChooser(probe_every=2, smoothing=1.0)
-    chooser.record(1, SPECULATE, 1.0, 10)
+def _probes(chooser: ModeChooser, steps: int, spec_seconds: float) -> int:
+    """Speculative steps in `steps` decode steps at batch 16, where plain steps yield 16 tokens in 40 ms and a
+    speculative round 32 tokens in `spec_seconds`."""
+    picks = []
+    for _ in range(steps):
+        choice = chooser.choose(16)
+        picks.append(choice)
+        chooser.record(16, choice, *((0.04, 16) if choice == PLAIN else (spec_seconds, 32)))
+    return picks.count(SPECULATE)
+
+
+def test_probes_back_off_with_what_they_cost():
+    """A probe that loses little comes back every min_gap steps; one that costs five plain steps' worth of time
+    comes back only when the exploration budget allows it."""
+    cheap, dear = _probes(ModeChooser(), 400, spec_seconds=0.09), _probes(ModeChooser(), 400, spec_seconds=0.5)
+    assert cheap >= 10  # 0.09 s for 32 tokens vs 0.08 s plain: probed about every min_gap (32) steps
+    assert dear == 2  # its first try only: the switch round and one more already put it out of reach
+    assert dear < cheap
+
+
+def test_a_switch_steps_catch_up_is_not_taken_for_the_speed_of_speculation():
+    """Batch 1: a plain step yields 1 token in 40 ms (25 tok/s); a speculative round 1.7 tokens in 60 ms (28 tok/s),
+    but the first one after plain steps takes 150 ms (the draft catches up). Taking that first round for the speed of
+    speculation (11 tok/s) would keep it plain; it speculates."""
+    chooser, last, picks = ModeChooser(), None, []
+    for _ in range(300):
+        choice = chooser.choose(1, lookahead=4)
+        picks.append(choice)
+        if choice == PLAIN:
+            chooser.record(1, PLAIN, 0.040, 1)
+        else:
+            chooser.record(1, SPECULATE, 0.150 if last == PLAIN else 0.060, 2 if len(picks) % 10 < 7 else 1)
+        last = choice
+    assert picks.count(SPECULATE) >= 250
+    assert PLAIN in picks[20:]  # plain still probed
+
+
+def test_speculation_that_turns_faster_takes_over_again():
+    chooser = ModeChooser(min_gap=2)
     chooser.record(1, PLAIN, 1.0, 30)
-    for _ in range(6):  # the text turns easy to draft: speculation now yields 60 tok/s
+    chooser.record(1, SPECULATE, 1.0, 28)  # a little slower: probed again after a few steps
+    for _ in range(8):  # the text turns easy to draft: speculation now yields 60 tok/s
         choice = chooser.choose(1)
         chooser.record(1, choice, 1.0, 30 if choice == PLAIN else 60)
     assert chooser.choose(1) == SPECULATE
+    assert chooser.num_rounds[SPECULATE] >= 5  # it took over after its probe
+
+
+def test_switches_back_when_speculation_becomes_faster():
+    chooser = ModeChooser(min_gap=2, explore=0.2, probe_steps=1, window=1, token_window=1)
+    chooser.record(1, SPECULATE, 1.0, 10)
+    chooser.record(1, PLAIN, 1.0, 30)
+    picks = []
+    for _ in range(16):  # the text turns easy to draft: speculation now yields 60 tok/s
+        choice = chooser.choose(1)
+        picks.append(choice)
+        chooser.record(1, choice, 1.0, 30 if choice == PLAIN else 60)
+    assert picks[-6:].count(SPECULATE) >= 4  # speculating again, plain only probed
     assert chooser.num_switches >= 2
     assert chooser.summary()["adaptive_tok_s_batch1_speculate"] == 60
 
 
 def test_batch_sizes_are_measured_apart():
-    chooser = ModeChooser()
+    chooser = ModeChooser(probe_steps=1)
     chooser.record(1, SPECULATE, 1.0, 50)
     chooser.record(1, PLAIN, 1.0, 20)
     chooser.record(16, SPECULATE, 1.0, 50)
@@ -58,11 +108,62 @@ def test_batch_sizes_are_measured_apart():
     assert (chooser.choose(1), chooser.choose(16)) == (SPECULATE, PLAIN)
 
 
-class _Alternating(ModeChooser):
-    """Switches every round, whatever it measures (the worst case for a switch's exactness)."""
+def _chooser_that_measured_batch_1() -> ModeChooser:
+    """Speculation at batch 1 yields 2 tokens per round; decode-shaped forwards of 1 and 5 tokens took 20 and 24 ms
+    (1 ms a token: a verify of 16 x 5 tokens predicted at 20 + 79 x 1 = 99 ms)."""
+    chooser = ModeChooser()
+    chooser.record(1, PLAIN, 0.030, 1)
+    chooser.record(1, SPECULATE, 0.040, 2)
+    chooser.forward_cost.record(1, 0.020)
+    chooser.forward_cost.record(5, 0.024)
+    return chooser
 
-    def choose(self, batch_size: int) -> str:
-        return PLAIN if sum(self.num_rounds.values()) % 2 else SPECULATE
+
+def test_an_untried_bucket_where_even_a_free_draft_loses_starts_from_the_prediction():
+    chooser = _chooser_that_measured_batch_1()
+    assert chooser.choose(16, lookahead=4) == PLAIN
+    chooser.record(16, PLAIN, 0.040, 16)  # 400 tok/s; speculation: 16 x 2 tokens per 99 ms = 323 at best
+    assert chooser.choose(16, lookahead=4) == PLAIN  # no speculative round paid to learn that
+    assert chooser.num_predicted == 1
+    assert chooser.summary()["adaptive_tok_s_batch16_speculate"] == pytest.approx(16 * 2 / 0.099, rel=1e-3)
+    picks = [chooser.choose(16, lookahead=4) for _ in range(1)]
+    for _ in range(200):  # it is probed for real in time, and then measured
+        choice = chooser.choose(16, lookahead=4)
+        picks.append(choice)
+        chooser.record(16, choice, *((0.04, 16) if choice == PLAIN else (0.2, 32)))
+    assert SPECULATE in picks and chooser.buckets[(16, (SPECULATE, PLAIN))].speeds[SPECULATE].seconds
+
+
+def test_an_untried_bucket_where_a_free_draft_could_win_tries_speculation():
+    chooser = _chooser_that_measured_batch_1()
+    chooser.record(16, PLAIN, 0.080, 16)  # 200 tok/s: speculation might reach 323
+    assert chooser.choose(16, lookahead=4) == SPECULATE
+    assert chooser.num_predicted == 0
+
+
+def test_ssd_batches_also_weigh_speculating_as_plain_sd():
+    chooser = ModeChooser(min_gap=4, explore=0.1, probe_steps=1)
+    assert chooser.choose(1, CHOICES) == PLAIN
+    chooser.record(1, PLAIN, 1.0, 20, CHOICES)
+    assert chooser.choose(1, CHOICES) == SPECULATE
+    chooser.record(1, SPECULATE, 1.0, 30, CHOICES)
+    assert chooser.choose(1, CHOICES) == SD
+    chooser.record(1, SD, 1.0, 40, CHOICES)  # the overlap's build slows the verify more than its hits save
+    picks = []
+    for _ in range(16):
+        choice = chooser.choose(1, CHOICES)
+        picks.append(choice)
+        chooser.record(1, choice, 1.0, {PLAIN: 20, SPECULATE: 30, SD: 40}[choice], CHOICES)
+    assert picks.count(SD) >= 10 and SPECULATE in picks and PLAIN in picks  # both others probed
+    assert chooser.summary()["adaptive_sd_rounds"] == 1 + picks.count(SD)
+
+
+class _Alternating(ModeChooser):
+    """Switches every round, whatever it measures (the worst case for a switch's exactness); in SSD batches it
+    cycles speculate, sd, plain."""
+
+    def choose(self, batch_size: int, options: tuple[str, ...] = (SPECULATE, PLAIN), lookahead: int = 0) -> str:
+        return options[sum(self.num_rounds.values()) % len(options)]
 
 
 def test_greedy_output_identical_across_switches(tiny_llama_and_draft):
@@ -98,3 +199,25 @@ def test_each_adaptive_request_reports_its_plain_and_speculated_steps(tiny_llama
     assert out.spec is not None
     assert (out.spec.num_plain_steps, out.spec.num_drafts) == (rounds[PLAIN], rounds[SPECULATE])
     assert out.spec.num_plain_steps > 0 and out.spec.num_drafts > 0
+
+
+def test_ssd_greedy_output_identical_across_speculate_sd_and_plain_steps(tiny_llama_and_draft):
+    """In-process SSD under a chooser that cycles all three choices: an SD round drafts afresh and builds nothing,
+    the SSD round after it misses its empty cache; the tokens are plain greedy's."""
+    target, draft = tiny_llama_and_draft
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
+    opts = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    plain = LLM(str(target), **opts).generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())
+    llm = LLM(str(target), speculation=spec, **opts)
+    llm.engine.mode_chooser = _Alternating()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    rounds = llm.engine.mode_chooser.num_rounds
+    assert min(rounds[SPECULATE], rounds[SD], rounds[PLAIN]) > 0
+    draft_side = llm.engine.speculative_decoder.proposer.counters
+    target_side = llm.engine.speculative_decoder.counters
+    assert 0 < draft_side.num_builds <= rounds[SPECULATE]  # SD rounds build nothing
+    assert draft_side.num_hits + draft_side.num_misses == target_side.num_cache_lookups  # SD rounds: no lookups
+    assert target_side.num_drafts > target_side.num_cache_lookups
+    assert all(0 < o.spec.num_sd_rounds < o.spec.num_drafts for o in outs)  # each request counts its SD rounds

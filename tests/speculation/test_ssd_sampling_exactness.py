@@ -69,3 +69,26 @@ def test_unscaled_q_with_saguaro_sampling_is_caught(setup, monkeypatch):
     monkeypatch.setattr(ssd_speculator, "sample_branch_tokens", broken)
     samples = sample_first_tokens(setup, SsdConfig(backup="neural", saguaro_c=0.1, fan_out_budget=4))
     assert chi_square_pvalue(samples, setup[2]) < 0.001
+
+
+def test_ssd_switching_between_speculate_sd_and_plain_steps_matches_target_distribution(setup):
+    """Adaptive SSD requests under a chooser that cycles all three choices step by step (an SSD round, an SD round
+    that drafts afresh and builds nothing, a plain step): the tokens still follow the target."""
+    from ssd.engine.mode_choice import PLAIN, SD, SPECULATE, ModeChooser
+
+    class Cycling(ModeChooser):
+        def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0) -> str:
+            return options[sum(self.num_rounds.values()) % len(options)]
+
+    target, draft, expected = setup
+    spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=2, k_schedule=((1024, 2),),
+                             ssd=SsdConfig(backup="neural"))
+    llm = LLM(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,
+              speculation=spec)
+    llm.engine.mode_chooser = Cycling()
+    params = [SamplingParams(temperature=TEMP, max_tokens=3, seed=i, ignore_eos=True, adaptive=True)
+              for i in range(NUM_RUNS)]
+    samples = [tuple(o.token_ids) for o in llm.generate([PROMPT] * NUM_RUNS, params)]
+    rounds = llm.engine.mode_chooser.num_rounds
+    assert min(rounds[SPECULATE], rounds[SD], rounds[PLAIN]) > 0
+    assert chi_square_pvalue(samples, expected) > 0.001

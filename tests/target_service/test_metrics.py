@@ -83,9 +83,10 @@ def test_adaptive_choices_are_exported(tiny_llama) -> None:
     """Adaptive requests: the mode chooser's steps per choice and its switches reach /metrics."""
     params = SamplingParams(max_tokens=12, ignore_eos=True, adaptive=True)
     llm, idle, busy = scrape_around(tiny_llama, lambda llm: llm.generate([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]], params))
-    assert idle["ssd:adaptive_rounds"] == ("counter", {("plain",): 0, ("speculate",): 0})
+    assert idle["ssd:adaptive_rounds"] == ("counter", {("plain",): 0, ("speculate",): 0, ("sd",): 0})
     chooser = llm.engine.mode_chooser
     rounds = busy["ssd:adaptive_rounds"][1]
-    assert rounds == {("plain",): chooser.num_rounds["plain"], ("speculate",): chooser.num_rounds["speculate"]}
+    assert rounds == {(c,): chooser.num_rounds[c] for c in ("plain", "speculate", "sd")}
+    assert rounds[("sd",)] == 0  # offered to ssd sequences only
     assert rounds[("plain",)] > 0 and rounds[("speculate",)] > 0  # both choices are measured first
     assert busy["ssd:adaptive_switches"][1] == {(): chooser.num_switches} and chooser.num_switches >= 1

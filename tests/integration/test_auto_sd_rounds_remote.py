@@ -1,0 +1,100 @@
+"""Mode auto's SD rounds across the wire: a target engine with a RemoteProposer and an in-process draft server.
+
+Adaptive SSD requests under a chooser that cycles speculate, sd and plain step by step: the SD rounds go out with
+their sequences in Round.sd_round_seq_ids, come back without a cache-hit flag (the target counts no lookup for
+them), and greedy output equals plain AR token for token.
+"""
+
+import asyncio
+import threading
+from dataclasses import replace
+
+import pytest
+
+from deploy.local import free_port
+from draft_service.config import DraftServiceConfig, draft_engine
+from draft_service.proposers import build_service_proposer
+from draft_service.servicer import SpeculatorServicer
+from protos.ssd.v1 import draft_pb2_grpc
+from rpc.engine_errors import ENGINE_STATUS
+from rpc.server import GrpcServer, HostedService
+from ssd.config import DecodeMode, EngineConfig
+from ssd.engine.llm_engine import LLMEngine
+from ssd.engine.mode_choice import PLAIN, SD, SPECULATE, ModeChooser
+from ssd.sampling.params import SamplingParams
+from target_service.config import remote_speculation
+from target_service.remote_proposer import RemoteProposer
+from tests.integration.helpers import wait_for
+from tests.tiny_models import write_tiny_checkpoint
+
+K = 3
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
+
+
+class _Cycling(ModeChooser):
+    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0) -> str:
+        return options[sum(self.num_rounds.values()) % len(options)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
+    write_tiny_checkpoint(target, "llama", seed=0)
+    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def draft_address(models):
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(models[1]), kv_cache_memory_mb=8)))
+    address = f"127.0.0.1:{free_port()}"
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servicer = SpeculatorServicer(draft, str(models[1]))
+
+    async def start() -> GrpcServer:
+        service = HostedService("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
+        server = GrpcServer([service], address, ENGINE_STATUS, grace_s=0.5)
+        await server.start()
+        return server
+
+    server = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    yield address
+    asyncio.run_coroutine_threadsafe(server.server.stop(0.5), loop).result(30)
+    asyncio.run_coroutine_threadsafe(servicer.close(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def _generate(engine: LLMEngine, params: SamplingParams) -> list[list[int]]:
+    ids = [engine.add_request(p, params) for p in PROMPTS]
+    tokens: dict[int, list[int]] = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.seq_id].extend(out.new_token_ids)
+    return [tokens[i] for i in ids]
+
+
+def test_sd_rounds_of_remote_ssd_sequences_build_nothing_and_keep_greedy_output(models, draft_address):
+    target, _ = models
+    config = EngineConfig(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    plain = _generate(LLMEngine(config), SamplingParams(max_tokens=20, ignore_eos=True))
+    proposer = RemoteProposer(draft_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05)
+    try:
+        assert wait_for(lambda: proposer.is_connected)
+        session = proposer.pool.sessions[0]
+        sent, send = [], session.send
+        session.send = lambda message: (sent.append(message), send(message))[1]
+        engine = LLMEngine(replace(config, speculation=remote_speculation(K, None, 8)), proposer=proposer)
+        engine.mode_chooser = _Cycling()
+        params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
+        assert _generate(engine, params) == plain
+        rounds = engine.mode_chooser.num_rounds
+        assert min(rounds[SPECULATE], rounds[SD], rounds[PLAIN]) > 0
+        sd_rounds = [m.round for m in sent if m.HasField("round") and m.round.sd_round_seq_ids]
+        assert len(sd_rounds) == rounds[SD]
+        counters = engine.speculative_decoder.counters
+        assert 0 < counters.num_cache_lookups < counters.num_drafts  # SD rounds are no lookups
+    finally:
+        proposer.close()
