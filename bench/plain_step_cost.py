@@ -24,7 +24,8 @@ from ssd.sampling.params import SamplingParams
 
 
 class AlwaysPlain(ModeChooser):
-    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0) -> str:
+    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
+               unseen: int = 0) -> str:
         return PLAIN
 
 

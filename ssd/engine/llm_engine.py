@@ -164,7 +164,8 @@ class LLMEngine:
         k = decoder.config.lookahead_for(len(batch.seqs)) if decoder is not None else 0
         adaptive = batch.mode == ForwardMode.DECODE and k > 0 and any(s.params.adaptive for s in batch.seqs)
         options = self._options(batch.seqs) if adaptive else SPECULATE_OR_PLAIN
-        choice = self.mode_chooser.choose(len(batch.seqs), options, k) if adaptive else SPECULATE
+        unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)  # to catch up
+        choice = self.mode_chooser.choose(len(batch.seqs), options, k, unseen) if adaptive else SPECULATE
         started = time.perf_counter()
         if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):
             outcomes, new_logprobs = self._speculative_round(batch.seqs, k, choice)
@@ -180,7 +181,7 @@ class LLMEngine:
                                                                                         strict=True)]
         if adaptive:
             self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
-                                     sum(len(o.new_tokens) for o in outcomes), options)
+                                     sum(len(o.new_tokens) for o in outcomes), options, unseen)
             for seq in batch.seqs:
                 seq.spec_counters.num_plain_steps += seq.params.adaptive and choice == PLAIN
                 seq.spec_counters.num_sd_rounds += seq.params.adaptive and choice == SD and decoder.overlaps(seq)
@@ -192,6 +193,9 @@ class LLMEngine:
         for SSD ones); its verify forward's cost goes to the chooser's forward-cost model."""
         decoder = self.speculative_decoder
         held = frozenset(s.seq_id for s in seqs if s.params.adaptive) if choice != SPECULATE else frozenset()
+        for seq in seqs:
+            if seq.params.is_speculative and (choice != PLAIN or not seq.params.adaptive):
+                seq.num_draft_seen = seq.num_tokens  # its draft catches up on everything before this round
         counters = decoder.counters
         verify_s, drafted = counters.verify_s, counters.num_draft_tokens
         out = decoder.run_round(seqs, k, plain=held if choice == PLAIN else frozenset(),

@@ -8,12 +8,14 @@ speculative round's yield varies far more from round to round than its time) ove
 text and the load). The first step after a switch pays for the switch (a draft that sat out plain steps first
 catches up on every token it skipped; an SSD draft has no cache to answer from), so a probe runs up to `probe_steps`
 steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones count as its
-speed; the first one counts only until a later one is measured. A probe of a slower choice costs time (its steps'
-excess over what their tokens take at the best speed, its switch step included), so how often it comes back follows
-what it cost: probes may take about `explore` of the decode time. One that lost little returns after `min_gap`
-steps; one that took five times as long as its tokens were worth returns far later; but one whose few measured
-rounds leave it within reach of the best (two standard errors of its tokens per round) returns after `min_gap` steps
-whatever it cost.
+speed; the first one counts only until a later one is measured. A probe of a slower choice costs time: its steady
+rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the tokens it
+has not seen (a cost per token learned from earlier switches; a plain probe's switch is the way back). Probes may
+take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at the best
+choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns after
+`min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap` steps); one
+whose few measured rounds leave it within reach of the best (two standard errors of its tokens per round) returns
+after `min_gap` steps.
 
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
@@ -89,13 +91,15 @@ class _Bucket:
     speeds: dict[str, _Speed] = field(default_factory=dict)  # choice -> its speed here
     since: dict[str, int] = field(default_factory=dict)  # choice -> steps taken here since it last ran
     run: int = 0  # consecutive steps of the last choice taken here
-    cost: dict[str, float] = field(default_factory=dict)  # choice -> excess seconds of its last probe
+    catch_up_s: float | None = None  # seconds a switch to speculating costs per token the draft has not seen
+    switch: tuple[str, float, int] | None = None  # (choice, seconds, unseen tokens) of a switch step to learn from
     last: str | None = None  # the last choice taken here
 
 
 @dataclass
 class ModeChooser:
     min_gap: int = 32  # steps of the best choice between two probes of another, at the least
+    max_gap: int = 4096  # ... and at the most
     probe_steps: int = 4  # steps a probe runs (its first pays for the switch)
     explore: float = 0.03  # the share of decode time the probes of a slower choice may cost
     window: int = 8  # steady steps a choice's time per step is measured over
@@ -108,9 +112,11 @@ class ModeChooser:
     num_switches: int = 0
     last: str | None = None
 
-    def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0) -> str:
-        """One of `options` (PLAIN among them) for a decode batch of this size with lookahead K = `lookahead`:
-        plain first, then each untried choice (or its prediction), then the fastest, with probes of the others."""
+    def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
+               unseen: int = 0) -> str:
+        """One of `options` (PLAIN among them) for a decode batch of this size with lookahead K = `lookahead`, whose
+        draft has `unseen` tokens to catch up on: plain first, then each untried choice (or its prediction), then
+        the fastest, with probes of the others."""
         b = self._bucket(batch_size, options)
         for choice in (PLAIN, *options):
             if choice not in b.speeds and not self._predict(b, choice, batch_size, lookahead):
@@ -120,11 +126,11 @@ class ModeChooser:
         probe = b.speeds[b.last] if b.last != best else None
         if probe is not None and b.run < self.probe_steps and (not probe.seconds or probe.could_reach(top, batch_size)):
             return b.last  # a probe goes on past its switch step, unless its steady steps are hopeless already
-        due = [c for c in options if c != best and b.since.get(c, 0) >= self._gap(b, c, best, batch_size)]
+        due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
 
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
-               options: tuple[str, ...] = SPECULATE_OR_PLAIN) -> None:
+               options: tuple[str, ...] = SPECULATE_OR_PLAIN, unseen: int = 0) -> None:
         """One decode step of `choice` took `seconds` and committed `num_tokens` tokens over the batch."""
         if seconds <= 0 or num_tokens <= 0:
             return
@@ -133,18 +139,16 @@ class ModeChooser:
         switched = prev is not None and choice != prev
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
-        self._charge(b, choice, options, switched, seconds, num_tokens)
+        if switched and choice != PLAIN and unseen > 0:
+            b.switch = (choice, seconds, unseen)
         speed = b.speeds.setdefault(choice, self._new_speed())
-        if switched and prev in b.cost and speed.seconds:  # coming back from a probe of `prev` paid this switch
-            b.cost[prev] += max(0.0, seconds - speed.step_s)
         speed.tokens.append(num_tokens)
         if not switched:
             speed.seconds.append(seconds)
             speed.provisional = None
         elif not speed.seconds and speed.provisional is None:  # nothing better known yet
             speed.provisional = (num_tokens / seconds, seconds)
-        if all(c in b.speeds for c in options) and self._best(b, options) == choice:
-            b.cost.pop(choice, None)  # it leads: its probes' cost is history
+        self._learn_catch_up(b)
         for c in options:
             b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
         if choice != PLAIN:
@@ -166,29 +170,28 @@ class ModeChooser:
         return max(options, key=lambda c: b.speeds[c].tok_s)
 
     @staticmethod
-    def _charge(b: _Bucket, choice: str, options: tuple[str, ...], switched: bool, seconds: float,
-                num_tokens: int) -> None:
-        """A step of a choice that trails the fastest other one: add its excess time to its probe's cost."""
-        rivals = [c for c in options if c != choice and c in b.speeds]
-        if not rivals:
+    def _learn_catch_up(b: _Bucket) -> None:
+        """Once the switched-to choice's steady time is known: what its switch step took beyond it, per token the
+        draft had to catch up on."""
+        if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
-        top = b.speeds[max(rivals, key=lambda c: b.speeds[c].tok_s)]
-        if choice in b.speeds and b.speeds[choice].tok_s >= top.tok_s:
-            return
-        cost = 0.0 if switched else b.cost.get(choice, 0.0)
-        b.cost[choice] = cost + max(0.0, seconds - num_tokens / top.tok_s)
+        choice, seconds, unseen = b.switch
+        per_token = max(0.0, seconds - b.speeds[choice].step_s) / unseen
+        b.catch_up_s = per_token if b.catch_up_s is None else 0.75 * b.catch_up_s + 0.25 * per_token
+        b.switch = None
 
-    def _gap(self, b: _Bucket, choice: str, best: str, batch_size: int) -> int:
-        """Steps of `best` before `choice` is probed again: a probe costs its excess time over what its tokens take
-        at the best speed (as its last probe measured, else from the two speeds), and probes may cost `explore` of
-        the time."""
+    def _due(self, b: _Bucket, choice: str, best: str, batch_size: int, unseen: int) -> bool:
+        """Whether `choice` is probed now: `min_gap` steps after it last ran if its measured rounds leave it within
+        reach of `best`, else once the time since, at `best`'s pace, pays its probe's cost over `explore`."""
+        since = b.since.get(choice, 0)
+        if since < self.min_gap:
+            return False
         slow, fast = b.speeds[choice], b.speeds[best]
-        if slow.could_reach(fast.tok_s, batch_size):
-            return self.min_gap  # too few of its steps measured to tell: probe it again soon
-        cost = b.cost.get(choice)
-        if cost is None:
-            cost = self.probe_steps * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s)
-        return max(self.min_gap, math.ceil(cost / (self.explore * fast.step_s)))
+        if since >= self.max_gap or slow.could_reach(fast.tok_s, batch_size):
+            return True
+        steady = (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s)
+        to_catch_up = unseen if choice != PLAIN else batch_size * self.probe_steps  # plain: the way back after
+        return since * self.explore * fast.step_s >= steady + (b.catch_up_s or 0.0) * to_catch_up
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here

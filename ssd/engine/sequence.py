@@ -38,6 +38,7 @@ class Sequence:
     num_cached_tokens: int = 0  # leading tokens whose KV is computed and committed
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     num_prefix_cached_tokens: int = 0  # tokens reused from the prefix cache at first admission
+    num_draft_seen: int = 0  # tokens at its last speculative round: what its draft has seen (mode auto)
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

@@ -74,6 +74,30 @@ def test_a_switch_steps_catch_up_is_not_taken_for_the_speed_of_speculation():
     assert PLAIN in picks[20:]  # plain still probed
 
 
+def _batch16_run(chooser: ModeChooser, tell_unseen: bool) -> int:
+    """1500 decode steps at batch 16: a plain step yields 16 tokens in 40 ms; a speculative round 26 in 150 ms, plus
+    0.2 ms for each token its draft skipped since its last round. Returns the speculative rounds taken."""
+    skipped, rounds = 0, 0
+    for _ in range(1500):
+        unseen = skipped if tell_unseen else 0
+        choice = chooser.choose(16, lookahead=4, unseen=unseen)
+        if choice == PLAIN:
+            seconds, tokens, skipped = 0.040, 16, skipped + 16
+        else:
+            seconds, tokens, skipped, rounds = 0.150 + 0.0002 * skipped, 26, 0, rounds + 1
+        chooser.record(16, choice, seconds, tokens, unseen=unseen)
+    return rounds
+
+
+def test_a_probe_waits_for_what_its_drafts_catch_up_will_cost():
+    """The longer speculation sits out, the more its draft has to catch up on: the chooser learns the cost per
+    skipped token from the switch steps and probes only when the budget covers the catch-up too."""
+    told = ModeChooser()
+    assert _batch16_run(told, tell_unseen=True) == 2  # the first try only (its switch round and one more)
+    assert told.buckets[(16, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
+    assert _batch16_run(ModeChooser(), tell_unseen=False) > 2  # blind to the catch-up: it probes on
+
+
 def test_speculation_that_turns_faster_takes_over_again():
     chooser = ModeChooser(min_gap=2)
     chooser.record(1, PLAIN, 1.0, 30)
@@ -162,7 +186,8 @@ class _Alternating(ModeChooser):
     """Switches every round, whatever it measures (the worst case for a switch's exactness); in SSD batches it
     cycles speculate, sd, plain."""
 
-    def choose(self, batch_size: int, options: tuple[str, ...] = (SPECULATE, PLAIN), lookahead: int = 0) -> str:
+    def choose(self, batch_size: int, options: tuple[str, ...] = (SPECULATE, PLAIN), lookahead: int = 0,
+               unseen: int = 0) -> str:
         return options[sum(self.num_rounds.values()) % len(options)]
 
 

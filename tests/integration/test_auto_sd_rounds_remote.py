@@ -5,19 +5,12 @@ their sequences in Round.sd_round_seq_ids, come back without a cache-hit flag (t
 them), and greedy output equals plain AR token for token.
 """
 
-import asyncio
-import threading
 from dataclasses import replace
 
 import pytest
 
-from deploy.local import free_port
 from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
-from draft_service.servicer import SpeculatorServicer
-from protos.ssd.v1 import draft_pb2_grpc
-from rpc.engine_errors import ENGINE_STATUS
-from rpc.server import GrpcServer, HostedService
 from ssd.config import DecodeMode, EngineConfig
 from ssd.engine.llm_engine import LLMEngine
 from ssd.engine.mode_choice import PLAIN, SD, SPECULATE, ModeChooser
@@ -25,6 +18,7 @@ from ssd.sampling.params import SamplingParams
 from target_service.config import remote_speculation
 from target_service.remote_proposer import RemoteProposer
 from tests.integration.helpers import wait_for
+from tests.integration.threaded_draft import threaded_draft_server
 from tests.tiny_models import write_tiny_checkpoint
 
 K = 3
@@ -32,7 +26,8 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
 
 
 class _Cycling(ModeChooser):
-    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0) -> str:
+    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
+               unseen: int = 0) -> str:
         return options[sum(self.num_rounds.values()) % len(options)]
 
 
@@ -47,24 +42,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def draft_address(models):
     draft = build_service_proposer(DraftServiceConfig(draft_engine(str(models[1]), kv_cache_memory_mb=8)))
-    address = f"127.0.0.1:{free_port()}"
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    servicer = SpeculatorServicer(draft, str(models[1]))
-
-    async def start() -> GrpcServer:
-        service = HostedService("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
-        server = GrpcServer([service], address, ENGINE_STATUS, grace_s=0.5)
-        await server.start()
-        return server
-
-    server = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    yield address
-    asyncio.run_coroutine_threadsafe(server.server.stop(0.5), loop).result(30)
-    asyncio.run_coroutine_threadsafe(servicer.close(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with threaded_draft_server(draft, str(models[1])) as address:
+        yield address
 
 
 def _generate(engine: LLMEngine, params: SamplingParams) -> list[list[int]]:

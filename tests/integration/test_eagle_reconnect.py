@@ -4,24 +4,19 @@ The draft's gRPC server runs on an event loop in a thread of the test; the engin
 by hand with ProposeRequests carrying random target features.
 """
 
-import asyncio
 import dataclasses
-import threading
 
 import pytest
 import torch
 
-from deploy.local import free_port
 from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
-from draft_service.servicer import SpeculatorServicer
-from protos.ssd.v1 import common_pb2, draft_pb2_grpc
-from rpc.engine_errors import ENGINE_STATUS
-from rpc.server import GrpcServer, HostedService
+from protos.ssd.v1 import common_pb2
 from rpc.shared_memory import live_segments
 from ssd.speculation.proposer import ProposeRequest
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from tests.integration.helpers import wait_for
+from tests.integration.threaded_draft import threaded_draft_server
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -35,24 +30,8 @@ def draft_address(tmp_path_factory):
     write_tiny_checkpoint(target, "llama", seed=0)
     write_tiny_head(head, target)
     draft = build_service_proposer(DraftServiceConfig(draft_engine(str(head)), target_model=str(target)))
-    address = f"127.0.0.1:{free_port()}"
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    servicer = SpeculatorServicer(draft, str(head))
-
-    async def start() -> GrpcServer:
-        service = HostedService("ssd.v1.Speculator", servicer, draft_pb2_grpc.add_SpeculatorServicer_to_server)
-        server = GrpcServer([service], address, ENGINE_STATUS, grace_s=0.5)
-        await server.start()
-        return server
-
-    server = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    yield address
-    asyncio.run_coroutine_threadsafe(server.server.stop(0.5), loop).result(30)
-    asyncio.run_coroutine_threadsafe(servicer.close(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with threaded_draft_server(draft, str(head)) as address:
+        yield address
 
 
 def request(seq_id: int, tokens: list[int], start: int, features: torch.Tensor | None,

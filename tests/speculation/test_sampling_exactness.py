@@ -96,7 +96,8 @@ def test_switching_between_speculation_and_plain_steps_matches_target_distributi
     from ssd.engine.mode_choice import PLAIN, SPECULATE, ModeChooser
 
     class Alternating(ModeChooser):
-        def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0) -> str:
+        def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
+                   unseen: int = 0) -> str:
             return PLAIN if sum(self.num_rounds.values()) % 2 else SPECULATE
 
     llm = LLM(str(setup[0]), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,

@@ -77,7 +77,8 @@ def test_ssd_switching_between_speculate_sd_and_plain_steps_matches_target_distr
     from ssd.engine.mode_choice import PLAIN, SD, SPECULATE, ModeChooser
 
     class Cycling(ModeChooser):
-        def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0) -> str:
+        def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
+                   unseen: int = 0) -> str:
             return options[sum(self.num_rounds.values()) % len(options)]
 
     target, draft, expected = setup
