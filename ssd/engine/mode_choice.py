@@ -2,20 +2,21 @@
 decode plainly, whichever the engine measured fastest.
 
 The engine times every decode step it takes and counts the tokens it committed. Per batch-size bucket (1, 2, 3-4,
-5-8, ...) the chooser keeps each choice's speed: its mean tokens per step over its last `token_window` steps (a
-speculative round's yield varies far more from round to round than its time) over the median seconds of its last
-`window` steady steps. It takes the fastest and probes the others now and then (a choice's speed drifts with the
-text and the load). The first step after a switch pays for the switch (a draft that sat out plain steps first
-catches up on every token it skipped; an SSD draft has no cache to answer from), so a probe runs up to `probe_steps`
-steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones count as its
-speed; the first one counts only until a later one is measured. A probe of a slower choice costs time: its steady
-rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the tokens it
-has not seen (a cost per token learned from earlier switches; a plain probe's switch is the way back). Probes may
-take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at the best
-choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns after
-`min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap` steps); one
-whose few measured rounds leave it within reach of the best (two standard errors of its tokens per round) returns
-after `min_gap` steps.
+5-8, ...) the chooser keeps each choice's speed: its mean tokens per step over its last `token_window` steps among
+the bucket's last `token_horizon` (a speculative round's yield varies far more from round to round than its time,
+and a streak of poor rounds that made the chooser leave a choice must age out before its probes) over the median
+seconds of its last `window` steady steps. It takes the fastest and probes the others now and then (a choice's speed
+drifts with the text and the load). The first step after a switch pays for the switch (a draft that sat out plain
+steps first catches up on every token it skipped; an SSD draft has no cache to answer from), so a probe runs up to
+`probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones
+count as its speed; the first one counts only until a later one is measured. A probe of a slower choice costs time:
+its steady rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the
+tokens it has not seen (a cost per token learned from earlier switches; a plain probe's switch is the way back).
+Probes may take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at
+the best choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns
+after `min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap`
+steps); one whose few measured rounds leave it within reach of the best (two standard errors of its tokens per
+round) returns after `min_gap` steps.
 
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
@@ -57,6 +58,7 @@ class _Speed:
 
     seconds: deque[float]  # of its last steady steps
     tokens: deque[int]  # of its last steps
+    token_steps: deque[int]  # the bucket's step count at each of them
     provisional: tuple[float, float] | None = None  # (tokens per second, seconds per step) standing in
 
     @property
@@ -72,6 +74,13 @@ class _Speed:
         if not self.seconds:
             return self.provisional[1] if self.provisional else 0.0
         return statistics.median(self.seconds)
+
+    def age_out(self, now: int, horizon: int, keep: int) -> None:
+        """Forget the tokens of steps more than `horizon` bucket steps ago, but for its newest `keep`: a streak of
+        poor rounds that made the chooser leave a choice must not outweigh the fresh rounds of its probes."""
+        while len(self.tokens) > keep and self.token_steps[0] < now - horizon:
+            self.tokens.popleft()
+            self.token_steps.popleft()
 
     def could_reach(self, tok_s: float, batch_size: int) -> bool:
         """Whether its tokens per step measured so far leave it within reach of `tok_s`: their mean plus two
@@ -91,6 +100,7 @@ class _Bucket:
     speeds: dict[str, _Speed] = field(default_factory=dict)  # choice -> its speed here
     since: dict[str, int] = field(default_factory=dict)  # choice -> steps taken here since it last ran
     run: int = 0  # consecutive steps of the last choice taken here
+    steps: int = 0  # decode steps taken here
     catch_up_s: float | None = None  # seconds a switch to speculating costs per token the draft has not seen
     switch: tuple[str, float, int] | None = None  # (choice, seconds, unseen tokens) of a switch step to learn from
     last: str | None = None  # the last choice taken here
@@ -104,6 +114,7 @@ class ModeChooser:
     explore: float = 0.03  # the share of decode time the probes of a slower choice may cost
     window: int = 8  # steady steps a choice's time per step is measured over
     token_window: int = 64  # steps a choice's tokens per step are measured over
+    token_horizon: int = 256  # ... among those of the bucket's last this many steps (at least a probe's worth)
     buckets: dict[tuple[int, tuple[str, ...]], _Bucket] = field(default_factory=dict)  # (bucket, options) -> it
     forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records its plain forwards here
     yield_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> speculation's tokens per seq per round
@@ -124,8 +135,8 @@ class ModeChooser:
         best = self._best(b, options)
         top = b.speeds[best].tok_s
         probe = b.speeds[b.last] if b.last != best else None
-        if probe is not None and b.run < self.probe_steps and (not probe.seconds or probe.could_reach(top, batch_size)):
-            return b.last  # a probe goes on past its switch step, unless its steady steps are hopeless already
+        if probe is not None and b.run < self.probe_steps and (b.run < 2 or probe.could_reach(top, batch_size)):
+            return b.last  # a probe goes on past its switch step, and on unless its steady steps are hopeless
         due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
 
@@ -142,7 +153,11 @@ class ModeChooser:
         if switched and choice != PLAIN and unseen > 0:
             b.switch = (choice, seconds, unseen)
         speed = b.speeds.setdefault(choice, self._new_speed())
+        b.steps += 1
         speed.tokens.append(num_tokens)
+        speed.token_steps.append(b.steps)
+        for other in b.speeds.values():
+            other.age_out(b.steps, self.token_horizon, self.probe_steps)
         if not switched:
             speed.seconds.append(seconds)
             speed.provisional = None
@@ -160,7 +175,8 @@ class ModeChooser:
         self.last = choice
 
     def _new_speed(self, provisional: tuple[float, float] | None = None) -> _Speed:
-        return _Speed(deque(maxlen=self.window), deque(maxlen=self.token_window), provisional)
+        return _Speed(deque(maxlen=self.window), deque(maxlen=self.token_window), deque(maxlen=self.token_window),
+                      provisional)
 
     def _bucket(self, batch_size: int, options: tuple[str, ...]) -> _Bucket:
         return self.buckets.setdefault((bucket_of(batch_size), options), _Bucket())
