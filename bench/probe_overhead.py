@@ -11,6 +11,7 @@ still says what the chooser's probes cost.
 import argparse
 import json
 from collections import defaultdict
+from pathlib import Path
 
 
 def probe_overhead(run: dict, ar_tok_s: float) -> tuple[int, float]:
@@ -28,7 +29,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", help="ssd bench --json files with ar and auto runs")
     for path in p.parse_args().results:
-        runs = json.load(open(path))["runs"]
+        runs = json.loads(Path(path).read_text())["runs"]
         ar: dict[str, list[float]] = defaultdict(list)
         for run in runs:
             if run["mode"] == "ar":

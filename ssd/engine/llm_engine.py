@@ -164,7 +164,9 @@ class LLMEngine:
         k = decoder.config.lookahead_for(len(batch.seqs)) if decoder is not None else 0
         adaptive = batch.mode == ForwardMode.DECODE and k > 0 and any(s.params.adaptive for s in batch.seqs)
         options = self._options(batch.seqs) if adaptive else SPECULATE_OR_PLAIN
-        unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)  # to catch up
+        unseen = 0  # tokens the adaptive sequences' drafts have not seen (what a switch to speculating catches up)
+        if adaptive:
+            unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)
         choice = self.mode_chooser.choose(len(batch.seqs), options, k, unseen) if adaptive else SPECULATE
         started = time.perf_counter()
         if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):

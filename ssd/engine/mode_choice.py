@@ -57,15 +57,18 @@ class _Speed:
     switch's step stands in (`provisional`)."""
 
     seconds: deque[float]  # of its last steady steps
-    tokens: deque[int]  # of its last steps
-    token_steps: deque[int]  # the bucket's step count at each of them
+    tokens: deque[tuple[int, int]]  # (the bucket's step count, tokens) of its last steps
     provisional: tuple[float, float] | None = None  # (tokens per second, seconds per step) standing in
 
     @property
     def tok_s(self) -> float:
         if not self.seconds:
             return self.provisional[0] if self.provisional else 0.0
-        return (sum(self.tokens) / len(self.tokens)) / self.step_s
+        return self.mean_tokens / self.step_s
+
+    @property
+    def mean_tokens(self) -> float:
+        return sum(n for _, n in self.tokens) / len(self.tokens)
 
     @property
     def step_s(self) -> float:
@@ -78,9 +81,8 @@ class _Speed:
     def age_out(self, now: int, horizon: int, keep: int) -> None:
         """Forget the tokens of steps more than `horizon` bucket steps ago, but for its newest `keep`: a streak of
         poor rounds that made the chooser leave a choice must not outweigh the fresh rounds of its probes."""
-        while len(self.tokens) > keep and self.token_steps[0] < now - horizon:
+        while len(self.tokens) > keep and self.tokens[0][0] < now - horizon:
             self.tokens.popleft()
-            self.token_steps.popleft()
 
     def could_reach(self, tok_s: float, batch_size: int) -> bool:
         """Whether its tokens per step measured so far leave it within reach of `tok_s`: their mean plus two
@@ -89,8 +91,8 @@ class _Speed:
         n = len(self.tokens)
         if not n or not self.seconds:
             return self.provisional is None or self.provisional[0] >= tok_s
-        mean = sum(self.tokens) / n
-        sd = math.sqrt(sum((t - mean) ** 2 for t in self.tokens) / (n - 1)) if n > 1 else 0.0
+        mean = self.mean_tokens
+        sd = math.sqrt(sum((t - mean) ** 2 for _, t in self.tokens) / (n - 1)) if n > 1 else 0.0
         sd = max(sd, math.sqrt(batch_size) / 2)
         return (mean + 2 * sd / math.sqrt(n)) / self.step_s >= tok_s
 
@@ -116,7 +118,7 @@ class ModeChooser:
     token_window: int = 64  # steps a choice's tokens per step are measured over
     token_horizon: int = 256  # ... among those of the bucket's last this many steps (at least a probe's worth)
     buckets: dict[tuple[int, tuple[str, ...]], _Bucket] = field(default_factory=dict)  # (bucket, options) -> it
-    forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records its plain forwards here
+    forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records its decode and verify forwards here
     yield_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> speculation's tokens per seq per round
     num_rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHOICES, 0))
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
@@ -154,8 +156,7 @@ class ModeChooser:
             b.switch = (choice, seconds, unseen)
         speed = b.speeds.setdefault(choice, self._new_speed())
         b.steps += 1
-        speed.tokens.append(num_tokens)
-        speed.token_steps.append(b.steps)
+        speed.tokens.append((b.steps, num_tokens))
         for other in b.speeds.values():
             other.age_out(b.steps, self.token_horizon, self.probe_steps)
         if not switched:
@@ -175,8 +176,7 @@ class ModeChooser:
         self.last = choice
 
     def _new_speed(self, provisional: tuple[float, float] | None = None) -> _Speed:
-        return _Speed(deque(maxlen=self.window), deque(maxlen=self.token_window), deque(maxlen=self.token_window),
-                      provisional)
+        return _Speed(deque(maxlen=self.window), deque(maxlen=self.token_window), provisional)
 
     def _bucket(self, batch_size: int, options: tuple[str, ...]) -> _Bucket:
         return self.buckets.setdefault((bucket_of(batch_size), options), _Bucket())
