@@ -44,7 +44,7 @@ serve: model
 	$(BIN)/ssd serve
 
 lint: install
-	$(BIN)/ruff check kernels ssd bench tests protos rpc tensor_transport target_service draft_service gateway deploy loadtest draft_training cli
+	$(BIN)/ruff check ssd_kernels ssd bench tests protos rpc tensor_transport target_service draft_service gateway deploy loadtest draft_training cli
 	$(BIN)/lint-imports
 
 # The unit tests run on TEST_WORKERS processes (pytest-xdist, a test file per worker at a time); then the

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.paged_attention import paged_attention
 from ssd.context import ForwardContext, ForwardMode
 from ssd.layers.attention import paged_attention as engine_paged_attention
+from ssd_kernels.paged_attention import paged_attention
 
 
 def _int_list(text: str) -> list[int]:

@@ -26,7 +26,7 @@ from ssd.runtime.model_runner import ForwardItem
 from ssd.sampling.params import SamplingParams
 
 # (name, dtype, quantization); bf16 float runs on oneDNN-packed weights (the engine's default linear backend).
-# int4-own: the GGUF's own Q4_1 weights on the project's CPU kernel (kernels/cpu/int4_gemm); int4-torch: the same
+# int4-own: the GGUF's own Q4_1 weights on the project's CPU kernel (ssd_kernels/cpu/int4_gemm); int4-torch: the same
 # weights on torch's _weight_int4pack_mm_for_cpu (bf16 scales); the -fp32 ones in float32 activations, where
 # int4-torch-fp32 is the dequantizing reference (torch has no fast float32 int4 kernel on CPU).
 # int4-own-int8act: the own kernel's VNNI path (activations rounded to int8 in groups of 32, as llama.cpp).

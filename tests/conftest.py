@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-# Without a GPU the Triton kernels (kernels/, tests/kernels) run in Triton's CPU interpreter. Triton reads the
+# Without a GPU the Triton kernels (ssd_kernels/, tests/kernels) run in Triton's CPU interpreter. Triton reads the
 # flag when it is first imported (it decorates its own helpers then), and any test module may import it early
-# (through torch._dynamo, or the engine through kernels/), so it is set here, before any test module loads.
+# (through torch._dynamo, or the engine through ssd_kernels/), so it is set here, before any test module loads.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

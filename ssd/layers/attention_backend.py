@@ -1,7 +1,7 @@
 """The attention backends and the one place that picks one (`select_attention_backend`).
 
 torch: the plain-torch reference (gather each sequence's keys, batched matmuls or SDPA), on every device.
-triton: `kernels.paged_attention` (the project's Triton kernel; on CPU it runs under TRITON_INTERPRET=1, for
+triton: `ssd_kernels.paged_attention` (the project's Triton kernel; on CPU it runs under TRITON_INTERPRET=1, for
 tests). flash-attn: flash_attn's varlen kernel over gathered keys (CUDA; token trees fall back to torch).
 `auto` = flash-attn where installed on CUDA, else triton on CUDA where the kernels package exists, else torch.
 Every backend reads the same `ForwardContext` fields; `prepare` derives its own metadata once per forward.
@@ -107,7 +107,9 @@ class TritonBackend:
     name = "triton"
 
     def __init__(self) -> None:
-        from kernels.paged_attention import paged_attention  # the top-level kernels package (optional)
+        from ssd_kernels.paged_attention import (
+            paged_attention,  # the top-level ssd_kernels package (optional)
+        )
 
         self.kernel = paged_attention
 
@@ -158,7 +160,7 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
     if name == "auto":
         if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
             return FlashAttnBackend()
-        if device.type == "cuda" and importlib.util.find_spec("kernels") is not None:
+        if device.type == "cuda" and importlib.util.find_spec("ssd_kernels") is not None:
             return TritonBackend()
         return TorchBackend()
     if name == "torch":
@@ -167,8 +169,8 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
         if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
             raise InvalidRequestError("attention backend flash-attn needs CUDA and the flash_attn package")
         return FlashAttnBackend()
-    if importlib.util.find_spec("kernels") is None or importlib.util.find_spec("kernels.paged_attention") is None:
-        raise InvalidRequestError("attention backend triton needs the kernels package (kernels.paged_attention)")
+    if importlib.util.find_spec("ssd_kernels") is None or importlib.util.find_spec("ssd_kernels.paged_attention") is None:
+        raise InvalidRequestError("attention backend triton needs the kernels package (ssd_kernels.paged_attention)")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         if "triton" in sys.modules:  # triton reads the variable when first imported: too late to set it now
             raise InvalidRequestError("attention backend triton on CPU runs in Triton's interpreter: start the "

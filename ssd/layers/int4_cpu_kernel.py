@@ -1,4 +1,4 @@
-"""The project's own CPU int4 kernel (kernels/cpu/int4_gemm) as Int4Matmul uses it: built once per process into
+"""The project's own CPU int4 kernel (ssd_kernels/cpu/int4_gemm) as Int4Matmul uses it: built once per process into
 the cache folder, its weight layout made from the portable int4 weights, its path chosen by dtype and CPU.
 
 It serves group-32 weights whose scales and mins are exact in fp16 (the GGUF's own Q4_0 / Q4_1 values), so it
@@ -16,8 +16,8 @@ from types import ModuleType
 import structlog
 import torch
 
-from kernels.cpu import int4_gemm as own
 from ssd.paths import cache_root
+from ssd_kernels.cpu import int4_gemm as own
 
 log = structlog.get_logger(__name__)
 

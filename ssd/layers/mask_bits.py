@@ -1,7 +1,7 @@
 """Token-tree attention masks packed 32 keys to an int32 word (the paged-attention kernel's `tree_mask` format).
 
 Bit i of row t (word i // 32, least significant bit first) says whether query t sees the i-th key of its window.
-`kernels.paged_attention.pack_mask` is the kernel package's equivalent; this one keeps ssd free of that import.
+`ssd_kernels.paged_attention.pack_mask` is the kernel package's equivalent; this one keeps ssd free of that import.
 """
 
 import torch

@@ -114,7 +114,7 @@ def test_triton_without_the_kernels_package_is_a_clear_error(monkeypatch):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name.startswith("kernels") else
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name.startswith("ssd_kernels") else
                         real_find_spec(name))
     with pytest.raises(InvalidRequestError, match="kernels package"):
         select_attention_backend("triton", torch.device("cpu"))
@@ -141,7 +141,7 @@ def test_triton_backend_matches_torch_under_the_interpreter(tiny_llama):
     import subprocess
     import sys
 
-    if importlib.util.find_spec("kernels") is None or importlib.util.find_spec("triton") is None:
+    if importlib.util.find_spec("ssd_kernels") is None or importlib.util.find_spec("triton") is None:
         pytest.skip("needs the kernels package and triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", TRITON_SCRIPT, str(tiny_llama)], env=env, capture_output=True,

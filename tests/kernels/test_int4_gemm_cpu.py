@@ -1,12 +1,12 @@
-"""The CPU int4 GEMM (kernels/cpu/int4_gemm): each path this CPU runs against its plain-torch reference, batch and
+"""The CPU int4 GEMM (ssd_kernels/cpu/int4_gemm): each path this CPU runs against its plain-torch reference, batch and
 thread invariance, the weight layout, and a planted layout bug. The extension is built once per session (cached
 under the project's cache folder, like the engine's own build); a path the CPU lacks is skipped."""
 
 import pytest
 import torch
 
-from kernels.cpu import int4_gemm as own
 from ssd.paths import cache_root
+from ssd_kernels.cpu import int4_gemm as own
 
 PATHS = {"float-avx2": own.FLOAT_AVX2, "float-avx512": own.FLOAT_AVX512, "vnni-avx512": own.VNNI_AVX512}
 # Relative to max |reference|. float32: the same products, summed in another order. bfloat16: the output's rounding.

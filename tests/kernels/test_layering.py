@@ -1,17 +1,17 @@
-"""kernels/ is this repo's package (PyPI has an unrelated `kernels`) and imports no project package."""
+"""ssd_kernels/ is this repo's package (PyPI's unrelated `kernels` comes with transformers); it imports no project package."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-import kernels
+import ssd_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = "The kernels import torch and triton only, never a project package"
 
 
 def test_kernels_resolves_inside_the_repo():
-    assert Path(kernels.__file__).resolve().parent == REPO / "kernels"
+    assert Path(ssd_kernels.__file__).resolve().parent == REPO / "ssd_kernels"
 
 
 def test_the_kernels_contract_is_kept():

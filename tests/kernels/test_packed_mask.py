@@ -2,7 +2,7 @@
 
 import torch
 
-from kernels.packed_mask import pack_mask, pack_sequence_masks, unpack_mask
+from ssd_kernels.packed_mask import pack_mask, pack_sequence_masks, unpack_mask
 
 
 def test_bits_are_least_significant_first_and_bit_31_is_the_sign_bit():

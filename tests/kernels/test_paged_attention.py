@@ -5,9 +5,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import paged_attention as paged_attention_module  # noqa: E402
-from kernels.packed_mask import pack_sequence_masks  # noqa: E402
-from kernels.paged_attention import paged_attention, paged_attention_reference  # noqa: E402
+from ssd_kernels import paged_attention as paged_attention_module  # noqa: E402
+from ssd_kernels.packed_mask import pack_sequence_masks  # noqa: E402
+from ssd_kernels.paged_attention import paged_attention, paged_attention_reference  # noqa: E402
 from tests.kernels.paged_batch import make_batch, tree_cases  # noqa: E402
 from tests.kernels.tolerances import assert_close, differs  # noqa: E402
 

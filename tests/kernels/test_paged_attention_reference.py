@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from kernels.packed_mask import pack_sequence_masks
-from kernels.paged_attention import paged_attention_reference
 from ssd.context import ForwardMode
 from ssd.runtime.model_runner import ForwardItem, ModelRunner
+from ssd_kernels.packed_mask import pack_sequence_masks
+from ssd_kernels.paged_attention import paged_attention_reference
 from tests.kernels.paged_batch import PagedBatch, make_batch, tree_cases
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.paged_attention import paged_attention_reference
-from kernels.prefill_attention import prefill_attention, prefill_attention_reference
+from ssd_kernels.paged_attention import paged_attention_reference
+from ssd_kernels.prefill_attention import prefill_attention, prefill_attention_reference
 from tests.kernels.paged_batch import make_batch
 from tests.kernels.tolerances import assert_close
 

@@ -5,13 +5,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.rmsnorm import (  # noqa: E402
+from ssd.layers.norm import RMSNorm  # noqa: E402
+from ssd_kernels.rmsnorm import (  # noqa: E402
     fused_add_rms_norm,
     fused_add_rms_norm_reference,
     rms_norm,
     rms_norm_reference,
 )
-from ssd.layers.norm import RMSNorm  # noqa: E402
 from tests.kernels.tolerances import assert_close, assert_rounded_like  # noqa: E402
 
 

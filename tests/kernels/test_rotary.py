@@ -5,9 +5,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.rotary import rotary_embedding, rotary_embedding_reference  # noqa: E402
 from ssd.layers.rotary import RotaryEmbedding  # noqa: E402
 from ssd.model_config import RopeConfig  # noqa: E402
+from ssd_kernels.rotary import rotary_embedding, rotary_embedding_reference  # noqa: E402
 from tests.kernels.tolerances import assert_close  # noqa: E402
 
 LLAMA3 = RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, original_max_position_embeddings=64)

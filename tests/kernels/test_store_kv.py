@@ -5,8 +5,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.store_kv import store_kv, store_kv_reference  # noqa: E402
 from ssd.layers.attention import store_kv as engine_store_kv  # noqa: E402
+from ssd_kernels.store_kv import store_kv, store_kv_reference  # noqa: E402
 from tests.kernels.tolerances import assert_rounded_like  # noqa: E402
 
 

@@ -8,9 +8,9 @@ SCRIPT = """
 import sys
 sys.modules["triton"] = None  # `import triton` now raises ImportError
 import torch
-import kernels
-from kernels import packed_mask, paged_attention, prefill_attention, rmsnorm, rotary, store_kv
-assert kernels.HAS_TRITON is False
+import ssd_kernels
+from ssd_kernels import packed_mask, paged_attention, prefill_attention, rmsnorm, rotary, store_kv
+assert ssd_kernels.HAS_TRITON is False
 x = torch.randn(3, 8)
 rmsnorm.rms_norm_reference(x, torch.ones(8), 1e-6)
 try:

@@ -153,8 +153,8 @@ def test_int4_quantized_at_load_keeps_torchs_kernel():
 def test_a_failed_build_falls_back_to_torchs_kernel_with_one_warning(monkeypatch):
     from structlog.testing import capture_logs
 
-    from kernels.cpu import int4_gemm as own
     from ssd.layers import int4_cpu_kernel
+    from ssd_kernels.cpu import int4_gemm as own
 
     def no_compiler(build_root):  # noqa: ANN001, ANN202
         raise own.KernelBuildError("no compiler here")

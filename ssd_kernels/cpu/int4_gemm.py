@@ -1,6 +1,6 @@
 """The CPU int4 GEMM of group-32 weights (GGUF Q4_0 / Q4_1 values): launcher, layout, reference and build.
 
-`int4_gemm` runs kernels/cpu/int4_gemm.cpp (float32 AVX2 / AVX-512, or int8 activations with AVX-512 VNNI;
+`int4_gemm` runs ssd_kernels/cpu/int4_gemm.cpp (float32 AVX2 / AVX-512, or int8 activations with AVX-512 VNNI;
 threads over output features), `int4_gemm_reference` is its plain-torch twin. The extension is compiled once per source, compiler flags and CPU
 into `build_root` (the caller's cache folder); `load_extension` raises `KernelBuildError` where it cannot build.
 Layout (see int4_gemm.cpp): blocks [N / 4, K / 64, 144] uint8 (a tile of 4 output features' codes and d's per

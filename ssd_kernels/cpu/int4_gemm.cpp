@@ -1,6 +1,6 @@
 // y = x @ w.T for a group-32 int4 weight (GGUF Q4_0 / Q4_1 values), a few rows of x, on the CPU.
 //
-// Weight layout (made by kernels/cpu/int4_gemm.py from the portable codes), read as one sequential stream:
+// Weight layout (made by ssd_kernels/cpu/int4_gemm.py from the portable codes), read as one sequential stream:
 //   blocks [N / 4, K / 64, 144] uint8: for each tile of 4 output features and pair of groups (2p, 2p + 1), the 4
 //          features' 32 code bytes each (16 for group 2p, then 16 for 2p + 1; byte j of a group holds q[j] in its
 //          low nibble and q[j + 16] in its high one, q in 0..15), then their d's (4 x 2 fp16)

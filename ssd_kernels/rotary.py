@@ -7,7 +7,7 @@ rotate_half([x1, x2]) = [-x2, x1] over the two halves of the head dimension.
 
 import torch
 
-from kernels._checks import (
+from ssd_kernels._checks import (
     FLOAT_DTYPES,
     check_contiguous,
     check_dtype,
@@ -15,7 +15,7 @@ from kernels._checks import (
     check_same_device,
     check_shape,
 )
-from kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
+from ssd_kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
 
 if HAS_TRITON:
 

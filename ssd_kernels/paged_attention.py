@@ -1,7 +1,7 @@
 """Attention of new queries over the paged KV cache, read in place through the block table.
 
 One kernel serves decode (1 query per sequence), multi-query verify (causal among the new queries) and tree /
-SSD-branch steps (a packed bit mask, see kernels/packed_mask.py). A program owns one (sequence, KV head,
+SSD-branch steps (a packed bit mask, see ssd_kernels/packed_mask.py). A program owns one (sequence, KV head,
 row chunk, key split): its rows are the G = H / KVH query heads times the sequence's new queries, so every K/V
 tile loaded serves all query heads sharing it (GQA). Keys stream in tiles with an online softmax in float32;
 when the batch is too small to fill the GPU, the keys are split (flash-decoding) and the splits combined.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._checks import (
+from ssd_kernels._checks import (
     FLOAT_DTYPES,
     check_contiguous,
     check_dtype,
@@ -22,8 +22,8 @@ from kernels._checks import (
     check_same_device,
     check_shape,
 )
-from kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
-from kernels.packed_mask import BITS_PER_WORD
+from ssd_kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
+from ssd_kernels.packed_mask import BITS_PER_WORD
 
 LOG2_E = 1.4426950408889634
 

@@ -6,7 +6,7 @@ the fused form returns (norm(x + residual), x + residual) with the sum rounded t
 
 import torch
 
-from kernels._checks import (
+from ssd_kernels._checks import (
     FLOAT_DTYPES,
     check_contiguous,
     check_dtype,
@@ -14,7 +14,7 @@ from kernels._checks import (
     check_same_device,
     check_shape,
 )
-from kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
+from ssd_kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
 
 if HAS_TRITON:
 

@@ -5,7 +5,7 @@ A negative slot skips its token (padding rows of a captured batch). Values are c
 
 import torch
 
-from kernels._checks import (
+from ssd_kernels._checks import (
     FLOAT_DTYPES,
     check_contiguous,
     check_dtype,
@@ -14,7 +14,7 @@ from kernels._checks import (
     check_same_device,
     check_shape,
 )
-from kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
+from ssd_kernels._triton import HAS_TRITON, is_interpreting, next_power_of_2, require_triton, tl, triton
 
 if HAS_TRITON:
 

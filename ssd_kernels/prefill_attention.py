@@ -4,7 +4,7 @@ Uses flash-attn's `flash_attn_varlen_func` where it is installed and the tensors
 torch's scaled_dot_product_attention per sequence. Queries may be fewer than keys (a prompt after a cached
 prefix whose keys the caller gathered): query i of a sequence sees keys <= i + (num_keys - num_queries),
 the bottom-right causal alignment flash-attn uses. A prefill over the paged cache can go through
-kernels.paged_attention instead, which handles any number of queries per sequence.
+ssd_kernels.paged_attention instead, which handles any number of queries per sequence.
 """
 
 import functools
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels._checks import (
+from ssd_kernels._checks import (
     FLOAT_DTYPES,
     check_contiguous,
     check_dtype,
