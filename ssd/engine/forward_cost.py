@@ -5,7 +5,8 @@ tokens is one forward of B x (K + 1) tokens. The engine records its plain decode
 forwards (B x (K + 1) at the batch sizes it speculated at); prefill forwards are left out, since one long prompt
 costs less per token than as many tokens spread over many sequences. Measurements are kept per power-of-two size of
 the token count as moving averages of (tokens, seconds), and read off a straight line fitted to them (least
-squares; its slope never below zero), so a verify larger than any forward measured is extrapolated.
+squares; its slope never below zero), so a verify larger than any forward measured is extrapolated. The slope, what
+one more token costs, also stands in for the cost of a draft's catch-up until a switch has measured it.
 """
 
 from dataclasses import dataclass, field
@@ -30,10 +31,23 @@ class ForwardCost:
 
     def seconds(self, num_tokens: int) -> float | None:
         """The predicted seconds of a forward of `num_tokens` tokens; None before two sizes were measured."""
+        line = self._line()
+        if line is None:
+            return None
+        mx, my, slope = line
+        return max(my + slope * (num_tokens - mx), min(s for _, s in self.points.values()))
+
+    def seconds_per_token(self) -> float | None:
+        """The line's slope: what one more token adds to a forward; None before two sizes were measured."""
+        line = self._line()
+        return None if line is None else line[2]
+
+    def _line(self) -> tuple[float, float, float] | None:
+        """(mean tokens, mean seconds, slope) of the least-squares line through the sizes' averages."""
         if len(self.points) < 2:
             return None
         xs, ys = zip(*self.points.values(), strict=True)
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         spread = sum((x - mx) ** 2 for x in xs)
         slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread) if spread else 0.0
-        return max(my + slope * (num_tokens - mx), min(ys))
+        return mx, my, slope

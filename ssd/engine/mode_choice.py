@@ -11,7 +11,8 @@ steps first catches up on every token it skipped; an SSD draft has no cache to a
 `probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones
 count as its speed; the first one counts only until a later one is measured. A probe of a slower choice costs time:
 its steady rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the
-tokens it has not seen (a cost per token learned from earlier switches; a plain probe's switch is the way back).
+tokens it has not seen (a cost per token learned from earlier switches in any bucket, and until one is measured,
+what one more token adds to the target's forward; a plain probe's switch is the way back).
 Probes may take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at
 the best choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns
 after `min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap`
@@ -103,7 +104,6 @@ class _Bucket:
     since: dict[str, int] = field(default_factory=dict)  # choice -> steps taken here since it last ran
     run: int = 0  # consecutive steps of the last choice taken here
     steps: int = 0  # decode steps taken here
-    catch_up_s: float | None = None  # seconds a switch to speculating costs per token the draft has not seen
     switch: tuple[str, float, int] | None = None  # (choice, seconds, unseen tokens) of a switch step to learn from
     last: str | None = None  # the last choice taken here
 
@@ -124,6 +124,8 @@ class ModeChooser:
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
     num_switches: int = 0
     last: str | None = None
+    catch_up_s: float | None = None  # seconds a switch to speculating costs per token the draft has not seen
+
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
                unseen: int = 0) -> str:
@@ -185,16 +187,22 @@ class ModeChooser:
     def _best(b: _Bucket, options: tuple[str, ...]) -> str:
         return max(options, key=lambda c: b.speeds[c].tok_s)
 
-    @staticmethod
-    def _learn_catch_up(b: _Bucket) -> None:
+    def _learn_catch_up(self, b: _Bucket) -> None:
         """Once the switched-to choice's steady time is known: what its switch step took beyond it, per token the
-        draft had to catch up on."""
+        draft had to catch up on (the draft's cost per token, so one figure serves every bucket)."""
         if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
         choice, seconds, unseen = b.switch
         per_token = max(0.0, seconds - b.speeds[choice].step_s) / unseen
-        b.catch_up_s = per_token if b.catch_up_s is None else 0.75 * b.catch_up_s + 0.25 * per_token
+        self.catch_up_s = per_token if self.catch_up_s is None else 0.75 * self.catch_up_s + 0.25 * per_token
         b.switch = None
+
+    def _catch_up_per_token(self) -> float:
+        """What a switch costs per token the draft has not seen: as learned from switches, else what one more token
+        adds to the target's forward (a draft no larger than its target costs at most that), else nothing known."""
+        if self.catch_up_s is not None:
+            return self.catch_up_s
+        return self.forward_cost.seconds_per_token() or 0.0
 
     def _due(self, b: _Bucket, choice: str, best: str, batch_size: int, unseen: int) -> bool:
         """Whether `choice` is probed now: `min_gap` steps after it last ran if its measured rounds leave it within
@@ -207,7 +215,7 @@ class ModeChooser:
             return True
         steady = (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s)
         to_catch_up = unseen if choice != PLAIN else batch_size * self.probe_steps  # plain: the way back after
-        return since * self.explore * fast.step_s >= steady + (b.catch_up_s or 0.0) * to_catch_up
+        return since * self.explore * fast.step_s >= steady + self._catch_up_per_token() * to_catch_up
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here

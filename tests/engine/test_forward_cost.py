@@ -7,7 +7,7 @@ from ssd.engine.forward_cost import ForwardCost
 
 def test_nothing_is_predicted_before_two_sizes_were_measured():
     cost = ForwardCost()
-    assert cost.seconds(8) is None
+    assert cost.seconds(8) is None and cost.seconds_per_token() is None
     cost.record(4, 0.02)
     cost.record(4, 0.03)  # the same size again: its moving average
     assert cost.seconds(8) is None and cost.points[2] == (4.0, pytest.approx(0.0225))
@@ -19,6 +19,7 @@ def test_a_line_through_the_sizes_extrapolates_to_a_larger_verify():
         cost.record(tokens, seconds)
     assert cost.seconds(80) == pytest.approx(0.099)
     assert cost.seconds(5) == pytest.approx(0.024)
+    assert cost.seconds_per_token() == pytest.approx(0.001)  # what the chooser prices an unmeasured catch-up at
 
 
 def test_the_slope_is_never_negative_and_nothing_is_cheaper_than_the_cheapest_forward():

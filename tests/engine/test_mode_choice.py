@@ -94,8 +94,56 @@ def test_a_probe_waits_for_what_its_drafts_catch_up_will_cost():
     skipped token from the switch steps and probes only when the budget covers the catch-up too."""
     told = ModeChooser()
     assert _batch16_run(told, tell_unseen=True) == 2  # the first try only (its switch round and one more)
-    assert told.buckets[(16, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
+    assert told.catch_up_s == pytest.approx(0.0002)
     assert _batch16_run(ModeChooser(), tell_unseen=False) > 2  # blind to the catch-up: it probes on
+
+
+def test_a_catch_up_learned_at_one_batch_size_prices_the_probes_of_another():
+    """The catch-up is the draft's work per skipped token, whatever the batch: learned from a switch at batch 1, it
+    keeps batch 16's probes rare although batch 16's own first round had nothing to catch up on (nothing to learn)."""
+    def batch16_rounds(chooser: ModeChooser) -> int:
+        skipped, rounds = 0, 0
+        for _ in range(1500):  # as _batch16_run, but the drafts are fed until the first speculative round
+            unseen = skipped
+            choice = chooser.choose(16, lookahead=4, unseen=unseen)
+            if choice == PLAIN:
+                seconds, tokens, skipped = 0.040, 16, skipped + 16 if rounds else 0
+            else:
+                seconds, tokens, skipped, rounds = 0.150 + 0.0002 * skipped, 26, 0, rounds + 1
+            chooser.record(16, choice, seconds, tokens, unseen=unseen)
+        return rounds
+
+    taught = ModeChooser()
+    taught.record(1, PLAIN, 0.040, 1)
+    taught.record(1, SPECULATE, 0.060 + 0.0002 * 300, 2, unseen=300)  # the switch: 300 skipped tokens
+    taught.record(1, SPECULATE, 0.060, 2)  # a steady round
+    assert taught.catch_up_s == pytest.approx(0.0002)
+    assert batch16_rounds(taught) == 2  # its first try (a switch round and one more), no probe after
+    assert batch16_rounds(ModeChooser()) > 2  # nothing learned anywhere: it probes on
+
+
+def _probes_of_a_predicted_bucket(chooser: ModeChooser, prompt_tokens: int) -> int:
+    """Speculative rounds in 1000 batch-16 steps of a bucket that starts from a prediction, its drafts never fed:
+    each plain step leaves them 16 more tokens behind the `prompt_tokens` they have not seen either."""
+    unseen, rounds = prompt_tokens, 0
+    for _ in range(1000):
+        choice = chooser.choose(16, lookahead=4, unseen=unseen)
+        if choice == PLAIN:
+            seconds, tokens, unseen = 0.040, 16, unseen + 16
+        else:
+            seconds, tokens, unseen, rounds = 0.2 + 0.001 * unseen, 32, 0, rounds + 1
+        chooser.record(16, choice, seconds, tokens, unseen=unseen)
+    return rounds
+
+
+def test_before_any_switch_was_measured_the_targets_cost_per_token_prices_the_catch_up():
+    """No switch measured yet: the first probe of a predicted bucket is priced at what one more token adds to the
+    target's forward (1 ms here), so drafts 1600+ tokens behind are not caught up for a probe the budget cannot pay
+    for. A draft known to catch up for free is probed."""
+    assert _probes_of_a_predicted_bucket(_chooser_that_measured_batch_1(), prompt_tokens=1600) == 0
+    free = _chooser_that_measured_batch_1()
+    free.catch_up_s = 0.0
+    assert _probes_of_a_predicted_bucket(free, prompt_tokens=1600) > 0
 
 
 def test_speculation_that_turns_faster_takes_over_again():
