@@ -11,13 +11,14 @@ steps first catches up on every token it skipped; an SSD draft has no cache to a
 `probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones
 count as its speed; the first one counts only until a later one is measured. A probe of a slower choice costs time:
 its steady rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the
-tokens it has not seen (a cost per token learned from earlier switches in any bucket, and until one is measured,
-what one more token adds to the target's forward; a plain probe's switch is the way back).
+tokens it has not seen (a cost per token learned from the bucket's earlier switches; until one is measured there,
+the dearest of other buckets' figures and what one more token adds to the target's forward; a plain probe's switch
+is the way back).
 Probes may take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at
 the best choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns
 after `min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap`
 steps); one whose few measured rounds leave it within reach of the best (two standard errors of its tokens per
-round) returns after `min_gap` steps.
+round) is charged its catch-up only, so it returns after `min_gap` steps where its draft is not far behind.
 
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
@@ -104,6 +105,7 @@ class _Bucket:
     since: dict[str, int] = field(default_factory=dict)  # choice -> steps taken here since it last ran
     run: int = 0  # consecutive steps of the last choice taken here
     steps: int = 0  # decode steps taken here
+    catch_up_s: float | None = None  # seconds a switch to speculating costs here per token the draft has not seen
     switch: tuple[str, float, int] | None = None  # (choice, seconds, unseen tokens) of a switch step to learn from
     last: str | None = None  # the last choice taken here
 
@@ -124,8 +126,6 @@ class ModeChooser:
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
     num_switches: int = 0
     last: str | None = None
-    catch_up_s: float | None = None  # seconds a switch to speculating costs per token the draft has not seen
-
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
                unseen: int = 0) -> str:
@@ -187,35 +187,40 @@ class ModeChooser:
     def _best(b: _Bucket, options: tuple[str, ...]) -> str:
         return max(options, key=lambda c: b.speeds[c].tok_s)
 
-    def _learn_catch_up(self, b: _Bucket) -> None:
+    @staticmethod
+    def _learn_catch_up(b: _Bucket) -> None:
         """Once the switched-to choice's steady time is known: what its switch step took beyond it, per token the
-        draft had to catch up on (the draft's cost per token, so one figure serves every bucket)."""
+        draft had to catch up on."""
         if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
         choice, seconds, unseen = b.switch
         per_token = max(0.0, seconds - b.speeds[choice].step_s) / unseen
-        self.catch_up_s = per_token if self.catch_up_s is None else 0.75 * self.catch_up_s + 0.25 * per_token
+        b.catch_up_s = per_token if b.catch_up_s is None else 0.75 * b.catch_up_s + 0.25 * per_token
         b.switch = None
 
-    def _catch_up_per_token(self) -> float:
-        """What a switch costs per token the draft has not seen: as learned from switches, else what one more token
-        adds to the target's forward (a draft no larger than its target costs at most that), else nothing known."""
-        if self.catch_up_s is not None:
-            return self.catch_up_s
-        return self.forward_cost.seconds_per_token() or 0.0
+    def _catch_up_per_token(self, b: _Bucket) -> float:
+        """What a switch costs in bucket `b` per token the draft has not seen: as its own switches measured it; until
+        then the dearest known figure, that of other buckets or what one more token adds to the target's forward
+        (a catch-up's shape changes with the batch, so another bucket's figure may fall short)."""
+        if b.catch_up_s is not None:
+            return b.catch_up_s
+        known = [o.catch_up_s for o in self.buckets.values() if o.catch_up_s is not None]
+        return max([*known, self.forward_cost.seconds_per_token() or 0.0])
 
     def _due(self, b: _Bucket, choice: str, best: str, batch_size: int, unseen: int) -> bool:
-        """Whether `choice` is probed now: `min_gap` steps after it last ran if its measured rounds leave it within
-        reach of `best`, else once the time since, at `best`'s pace, pays its probe's cost over `explore`."""
+        """Whether `choice` is probed now: once the time since it last ran, at `best`'s pace, pays its probe's cost
+        over `explore` (its steady rounds' excess, none if its measured rounds leave it within reach of `best`, and
+        its draft's catch-up), but not before `min_gap` steps and at the latest after `max_gap`."""
         since = b.since.get(choice, 0)
         if since < self.min_gap:
             return False
-        slow, fast = b.speeds[choice], b.speeds[best]
-        if since >= self.max_gap or slow.could_reach(fast.tok_s, batch_size):
+        if since >= self.max_gap:
             return True
-        steady = (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s)
+        slow, fast = b.speeds[choice], b.speeds[best]
+        steady = 0.0 if slow.could_reach(fast.tok_s, batch_size) else (
+            (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s))
         to_catch_up = unseen if choice != PLAIN else batch_size * self.probe_steps  # plain: the way back after
-        return since * self.explore * fast.step_s >= steady + self._catch_up_per_token() * to_catch_up
+        return since * self.explore * fast.step_s >= steady + self._catch_up_per_token(b) * to_catch_up
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here

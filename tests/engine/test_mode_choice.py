@@ -94,13 +94,13 @@ def test_a_probe_waits_for_what_its_drafts_catch_up_will_cost():
     skipped token from the switch steps and probes only when the budget covers the catch-up too."""
     told = ModeChooser()
     assert _batch16_run(told, tell_unseen=True) == 2  # the first try only (its switch round and one more)
-    assert told.catch_up_s == pytest.approx(0.0002)
+    assert told.buckets[(16, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
     assert _batch16_run(ModeChooser(), tell_unseen=False) > 2  # blind to the catch-up: it probes on
 
 
 def test_a_catch_up_learned_at_one_batch_size_prices_the_probes_of_another():
-    """The catch-up is the draft's work per skipped token, whatever the batch: learned from a switch at batch 1, it
-    keeps batch 16's probes rare although batch 16's own first round had nothing to catch up on (nothing to learn)."""
+    """Until batch 16 has measured a switch of its own (its first round had nothing to catch up on), the catch-up
+    learned at batch 1 prices its probes."""
     def batch16_rounds(chooser: ModeChooser) -> int:
         skipped, rounds = 0, 0
         for _ in range(1500):  # as _batch16_run, but the drafts are fed until the first speculative round
@@ -117,19 +117,19 @@ def test_a_catch_up_learned_at_one_batch_size_prices_the_probes_of_another():
     taught.record(1, PLAIN, 0.040, 1)
     taught.record(1, SPECULATE, 0.060 + 0.0002 * 300, 2, unseen=300)  # the switch: 300 skipped tokens
     taught.record(1, SPECULATE, 0.060, 2)  # a steady round
-    assert taught.catch_up_s == pytest.approx(0.0002)
+    assert taught.buckets[(1, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
     assert batch16_rounds(taught) == 2  # its first try (a switch round and one more), no probe after
     assert batch16_rounds(ModeChooser()) > 2  # nothing learned anywhere: it probes on
 
 
-def _probes_of_a_predicted_bucket(chooser: ModeChooser, prompt_tokens: int) -> int:
-    """Speculative rounds in 1000 batch-16 steps of a bucket that starts from a prediction, its drafts never fed:
-    each plain step leaves them 16 more tokens behind the `prompt_tokens` they have not seen either."""
+def _probes_of_a_predicted_bucket(chooser: ModeChooser, prompt_tokens: int, fed: bool = False) -> int:
+    """Speculative rounds in 1000 batch-16 steps of a bucket that starts from a prediction, its drafts not fed: each
+    plain step leaves them 16 more tokens behind the `prompt_tokens` they have not seen either (`fed`: never behind)."""
     unseen, rounds = prompt_tokens, 0
     for _ in range(1000):
         choice = chooser.choose(16, lookahead=4, unseen=unseen)
         if choice == PLAIN:
-            seconds, tokens, unseen = 0.040, 16, unseen + 16
+            seconds, tokens, unseen = 0.040, 16, 0 if fed else unseen + 16
         else:
             seconds, tokens, unseen, rounds = 0.2 + 0.001 * unseen, 32, 0, rounds + 1
         chooser.record(16, choice, seconds, tokens, unseen=unseen)
@@ -139,11 +139,29 @@ def _probes_of_a_predicted_bucket(chooser: ModeChooser, prompt_tokens: int) -> i
 def test_before_any_switch_was_measured_the_targets_cost_per_token_prices_the_catch_up():
     """No switch measured yet: the first probe of a predicted bucket is priced at what one more token adds to the
     target's forward (1 ms here), so drafts 1600+ tokens behind are not caught up for a probe the budget cannot pay
-    for. A draft known to catch up for free is probed."""
+    for. Drafts kept fed are probed."""
     assert _probes_of_a_predicted_bucket(_chooser_that_measured_batch_1(), prompt_tokens=1600) == 0
-    free = _chooser_that_measured_batch_1()
-    free.catch_up_s = 0.0
-    assert _probes_of_a_predicted_bucket(free, prompt_tokens=1600) > 0
+    assert _probes_of_a_predicted_bucket(_chooser_that_measured_batch_1(), prompt_tokens=0, fed=True) > 0
+
+
+def test_a_choice_within_reach_still_waits_until_the_budget_pays_its_drafts_catch_up():
+    """Batch 4: plain steps make 100 tok/s, speculation 87.5 (7 tokens in 80 ms), close enough after two rounds to be
+    within reach; but its draft catches up at 5 ms a skipped token, 20 ms more per plain step it sits out, against
+    1.2 ms of budget a step: no probe after its first try. The same chooser with drafts kept fed probes it."""
+    def rounds(tell_unseen: bool) -> int:
+        chooser, skipped, taken = ModeChooser(), 0, 0
+        for _ in range(1000):
+            unseen = skipped if tell_unseen else 0
+            choice = chooser.choose(4, lookahead=4, unseen=unseen)
+            if choice == PLAIN:
+                seconds, tokens, skipped = 0.040, 4, skipped + 4
+            else:
+                seconds, tokens, skipped, taken = 0.080 + 0.005 * unseen, 7, 0, taken + 1
+            chooser.record(4, choice, seconds, tokens, unseen=unseen)
+        return taken
+
+    assert rounds(tell_unseen=True) == 4  # its first try, a probe's 4 steps (within reach), and no probe after
+    assert rounds(tell_unseen=False) > 10  # within reach and free to switch to: back every min_gap steps
 
 
 def test_speculation_that_turns_faster_takes_over_again():
