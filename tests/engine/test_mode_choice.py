@@ -74,94 +74,71 @@ def test_a_switch_steps_catch_up_is_not_taken_for_the_speed_of_speculation():
     assert PLAIN in picks[20:]  # plain still probed
 
 
-def _batch16_run(chooser: ModeChooser, tell_unseen: bool) -> int:
-    """1500 decode steps at batch 16: a plain step yields 16 tokens in 40 ms; a speculative round 26 in 150 ms, plus
-    0.2 ms for each token its draft skipped since its last round. Returns the speculative rounds taken."""
-    skipped, rounds = 0, 0
-    for _ in range(1500):
-        unseen = skipped if tell_unseen else 0
-        choice = chooser.choose(16, lookahead=4, unseen=unseen)
+def _run(chooser: ModeChooser, batch_size: int, plain: tuple[float, int], spec: tuple[float, int],
+         catch_up_s: float, steps: int = 1500, behind: int = 0, tell: bool = True, fed_until_first: bool = False) -> int:
+    """`steps` decode steps at `batch_size`: a plain step takes plain = (seconds, tokens), a speculative round spec
+    plus `catch_up_s` for each token its drafts are behind (`behind` at the start; each plain step adds `batch_size`,
+    none before the first round where `fed_until_first`), which the chooser is told where `tell`. Returns the
+    speculative rounds taken."""
+    rounds = 0
+    for _ in range(steps):
+        unseen = behind if tell else 0
+        choice = chooser.choose(batch_size, lookahead=4, unseen=unseen)
         if choice == PLAIN:
-            seconds, tokens, skipped = 0.040, 16, skipped + 16
+            (seconds, tokens), behind = plain, behind + (0 if fed_until_first and not rounds else batch_size)
         else:
-            seconds, tokens, skipped, rounds = 0.150 + 0.0002 * skipped, 26, 0, rounds + 1
-        chooser.record(16, choice, seconds, tokens, unseen=unseen)
+            seconds, tokens, behind, rounds = spec[0] + catch_up_s * behind, spec[1], 0, rounds + 1
+        chooser.record(batch_size, choice, seconds, tokens, unseen=unseen)
     return rounds
+
+
+def _batch16_run(chooser: ModeChooser, tell: bool = True, fed_until_first: bool = False) -> int:
+    """A plain step yields 16 tokens in 40 ms; a speculative round 26 in 150 ms, plus 0.2 ms a skipped token."""
+    return _run(chooser, 16, (0.040, 16), (0.150, 26), 0.0002, tell=tell, fed_until_first=fed_until_first)
 
 
 def test_a_probe_waits_for_what_its_drafts_catch_up_will_cost():
     """The longer speculation sits out, the more its draft has to catch up on: the chooser learns the cost per
     skipped token from the switch steps and probes only when the budget covers the catch-up too."""
     told = ModeChooser()
-    assert _batch16_run(told, tell_unseen=True) == 2  # the first try only (its switch round and one more)
+    assert _batch16_run(told) == 2  # the first try only (its switch round and one more)
     assert told.buckets[(16, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
-    assert _batch16_run(ModeChooser(), tell_unseen=False) > 2  # blind to the catch-up: it probes on
+    assert _batch16_run(ModeChooser(), tell=False) > 2  # blind to the catch-up: it probes on
 
 
 def test_a_catch_up_learned_at_one_batch_size_prices_the_probes_of_another():
     """Until batch 16 has measured a switch of its own (its first round had nothing to catch up on), the catch-up
     learned at batch 1 prices its probes."""
-    def batch16_rounds(chooser: ModeChooser) -> int:
-        skipped, rounds = 0, 0
-        for _ in range(1500):  # as _batch16_run, but the drafts are fed until the first speculative round
-            unseen = skipped
-            choice = chooser.choose(16, lookahead=4, unseen=unseen)
-            if choice == PLAIN:
-                seconds, tokens, skipped = 0.040, 16, skipped + 16 if rounds else 0
-            else:
-                seconds, tokens, skipped, rounds = 0.150 + 0.0002 * skipped, 26, 0, rounds + 1
-            chooser.record(16, choice, seconds, tokens, unseen=unseen)
-        return rounds
-
     taught = ModeChooser()
     taught.record(1, PLAIN, 0.040, 1)
     taught.record(1, SPECULATE, 0.060 + 0.0002 * 300, 2, unseen=300)  # the switch: 300 skipped tokens
     taught.record(1, SPECULATE, 0.060, 2)  # a steady round
     assert taught.buckets[(1, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
-    assert batch16_rounds(taught) == 2  # its first try (a switch round and one more), no probe after
-    assert batch16_rounds(ModeChooser()) > 2  # nothing learned anywhere: it probes on
-
-
-def _probes_of_a_predicted_bucket(chooser: ModeChooser, prompt_tokens: int, fed: bool = False) -> int:
-    """Speculative rounds in 1000 batch-16 steps of a bucket that starts from a prediction, its drafts not fed: each
-    plain step leaves them 16 more tokens behind the `prompt_tokens` they have not seen either (`fed`: never behind)."""
-    unseen, rounds = prompt_tokens, 0
-    for _ in range(1000):
-        choice = chooser.choose(16, lookahead=4, unseen=unseen)
-        if choice == PLAIN:
-            seconds, tokens, unseen = 0.040, 16, 0 if fed else unseen + 16
-        else:
-            seconds, tokens, unseen, rounds = 0.2 + 0.001 * unseen, 32, 0, rounds + 1
-        chooser.record(16, choice, seconds, tokens, unseen=unseen)
-    return rounds
+    assert _batch16_run(taught, fed_until_first=True) == 2  # its first try (a switch round and one more) only
+    assert _batch16_run(ModeChooser(), fed_until_first=True) > 2  # nothing learned anywhere: it probes on
 
 
 def test_before_any_switch_was_measured_the_targets_cost_per_token_prices_the_catch_up():
-    """No switch measured yet: the first probe of a predicted bucket is priced at what one more token adds to the
-    target's forward (1 ms here), so drafts 1600+ tokens behind are not caught up for a probe the budget cannot pay
-    for. Drafts kept fed are probed."""
-    assert _probes_of_a_predicted_bucket(_chooser_that_measured_batch_1(), prompt_tokens=1600) == 0
-    assert _probes_of_a_predicted_bucket(_chooser_that_measured_batch_1(), prompt_tokens=0, fed=True) > 0
+    """No switch measured yet: the first probe of a bucket that started from a prediction is priced at what one more
+    token adds to the target's forward (1 ms here), so drafts 1600+ tokens behind are not caught up for a probe the
+    budget cannot pay for. Drafts kept fed are probed."""
+    def predicted_bucket_rounds(behind: int, catch_up_s: float) -> int:
+        return _run(_chooser_that_measured_batch_1(), 16, (0.040, 16), (0.2, 32), catch_up_s, steps=1000,
+                    behind=behind, tell=catch_up_s > 0)
+
+    assert predicted_bucket_rounds(behind=1600, catch_up_s=0.001) == 0
+    assert predicted_bucket_rounds(behind=0, catch_up_s=0.0) > 0
 
 
 def test_a_choice_within_reach_still_waits_until_the_budget_pays_its_drafts_catch_up():
     """Batch 4: plain steps make 100 tok/s, speculation 87.5 (7 tokens in 80 ms), close enough after two rounds to be
     within reach; but its draft catches up at 5 ms a skipped token, 20 ms more per plain step it sits out, against
-    1.2 ms of budget a step: no probe after its first try. The same chooser with drafts kept fed probes it."""
-    def rounds(tell_unseen: bool) -> int:
-        chooser, skipped, taken = ModeChooser(), 0, 0
-        for _ in range(1000):
-            unseen = skipped if tell_unseen else 0
-            choice = chooser.choose(4, lookahead=4, unseen=unseen)
-            if choice == PLAIN:
-                seconds, tokens, skipped = 0.040, 4, skipped + 4
-            else:
-                seconds, tokens, skipped, taken = 0.080 + 0.005 * unseen, 7, 0, taken + 1
-            chooser.record(4, choice, seconds, tokens, unseen=unseen)
-        return taken
+    1.2 ms of budget a step: no probe after its first try. Where switching back is free, it is probed on."""
+    def rounds(catch_up_s: float) -> int:
+        return _run(ModeChooser(), 4, (0.040, 4), (0.080, 7), catch_up_s, steps=1000)
 
-    assert rounds(tell_unseen=True) == 4  # its first try, a probe's 4 steps (within reach), and no probe after
-    assert rounds(tell_unseen=False) > 10  # within reach and free to switch to: back every min_gap steps
+    assert rounds(catch_up_s=0.005) == 4  # its first try, a probe's 4 steps (within reach), and no probe after
+    assert rounds(catch_up_s=0.0) > 10  # within reach and free to switch to: back every min_gap steps
 
 
 def test_speculation_that_turns_faster_takes_over_again():
