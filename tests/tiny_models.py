@@ -61,6 +61,14 @@ def write_tiny_checkpoint(folder: Path, kind: str = "llama", seed: int = 0, dtyp
     return model
 
 
+def write_tiny_target_and_draft(tmp_path_factory, prefix: str) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
+    """A tiny Llama target (seed 0) and a one-layer draft over its vocabulary (seed 1), each in its own temp folder."""
+    target, draft = tmp_path_factory.mktemp(f"{prefix}-target"), tmp_path_factory.mktemp(f"{prefix}-draft")
+    write_tiny_checkpoint(target, "llama", seed=0)
+    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
+    return target, draft
+
+
 def write_trimmed_draft(folder: Path, target: Path, target_ids: list[int], seed: int = 1, **overrides: Any):  # type: ignore[no-untyped-def]
     """A random draft model over `target`'s vocabulary with its LM head trimmed to `target_ids` and the input
     embedding shared from `target` (ssd/loader/draft_checkpoint.py); returns the HF model it was cut from."""

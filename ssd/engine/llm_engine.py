@@ -172,7 +172,7 @@ class LLMEngine:
         if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):
             outcomes, new_logprobs = self._speculative_round(batch.seqs, k, choice)
         else:
-            decoding = batch.mode == ForwardMode.DECODE
+            decoding = batch.mode == ForwardMode.DECODE and decoder is not None  # only a speculating engine chooses
             batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
             if not batch.seqs:
                 return []

@@ -7,15 +7,13 @@ from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.engine.mode_choice import CHOICES, PLAIN, SD, SPECULATE, ModeChooser, bucket_of
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
-from tests.tiny_models import write_tiny_checkpoint
+from tests.cycling_chooser import CyclingChooser
+from tests.tiny_models import write_tiny_target_and_draft
 
 
 @pytest.fixture(scope="module")
 def tiny_llama_and_draft(tmp_path_factory):
-    target, draft = tmp_path_factory.mktemp("mode-target"), tmp_path_factory.mktemp("mode-draft")
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
-    return target, draft
+    return write_tiny_target_and_draft(tmp_path_factory, "mode")
 
 
 def test_buckets_are_powers_of_two():
@@ -225,22 +223,13 @@ def test_ssd_batches_also_weigh_speculating_as_plain_sd():
     assert chooser.summary()["adaptive_sd_rounds"] == 1 + picks.count(SD)
 
 
-class _Alternating(ModeChooser):
-    """Switches every round, whatever it measures (the worst case for a switch's exactness); in SSD batches it
-    cycles speculate, sd, plain."""
-
-    def choose(self, batch_size: int, options: tuple[str, ...] = (SPECULATE, PLAIN), lookahead: int = 0,
-               unseen: int = 0) -> str:
-        return options[sum(self.num_rounds.values()) % len(options)]
-
-
 def test_greedy_output_identical_across_switches(tiny_llama_and_draft):
     target, draft = tiny_llama_and_draft
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
     opts = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8)
     plain = LLM(str(target), **opts).generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     llm = LLM(str(target), speculation=SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3), **opts)
-    llm.engine.mode_chooser = _Alternating()
+    llm.engine.mode_chooser = CyclingChooser()
     outs = llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True))
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     rounds = llm.engine.mode_chooser.num_rounds
@@ -251,7 +240,7 @@ def test_a_request_that_names_its_mode_keeps_it(tiny_llama_and_draft):
     target, draft = tiny_llama_and_draft
     llm = LLM(str(target), speculation=SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
               dtype="float32", block_size=4, kv_cache_memory_mb=8)
-    llm.engine.mode_chooser = _Alternating()
+    llm.engine.mode_chooser = CyclingChooser()
     fixed = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     assert sum(llm.engine.mode_chooser.num_rounds.values()) == 0  # never consulted
     assert fixed.spec is not None and fixed.spec.num_drafts > 0
@@ -261,7 +250,7 @@ def test_each_adaptive_request_reports_its_plain_and_speculated_steps(tiny_llama
     target, draft = tiny_llama_and_draft
     llm = LLM(str(target), speculation=SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
               dtype="float32", block_size=4, kv_cache_memory_mb=8)
-    llm.engine.mode_chooser = _Alternating()
+    llm.engine.mode_chooser = CyclingChooser()
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=16, ignore_eos=True, adaptive=True))[0]
     rounds = llm.engine.mode_chooser.num_rounds
     assert out.spec is not None
@@ -278,7 +267,7 @@ def test_ssd_greedy_output_identical_across_speculate_sd_and_plain_steps(tiny_ll
     plain = LLM(str(target), **opts).generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())
     llm = LLM(str(target), speculation=spec, **opts)
-    llm.engine.mode_chooser = _Alternating()
+    llm.engine.mode_chooser = CyclingChooser()
     outs = llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True))
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     rounds = llm.engine.mode_chooser.num_rounds

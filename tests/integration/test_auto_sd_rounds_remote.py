@@ -13,30 +13,22 @@ from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from ssd.config import DecodeMode, EngineConfig
 from ssd.engine.llm_engine import LLMEngine
-from ssd.engine.mode_choice import PLAIN, SD, SPECULATE, ModeChooser
+from ssd.engine.mode_choice import PLAIN, SD, SPECULATE
 from ssd.sampling.params import SamplingParams
 from target_service.config import remote_speculation
 from target_service.remote_proposer import RemoteProposer
+from tests.cycling_chooser import CyclingChooser
 from tests.integration.helpers import wait_for
 from tests.integration.threaded_draft import threaded_draft_server
-from tests.tiny_models import write_tiny_checkpoint
+from tests.tiny_models import write_tiny_target_and_draft
 
 K = 3
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
 
 
-class _Cycling(ModeChooser):
-    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
-               unseen: int = 0) -> str:
-        return options[sum(self.num_rounds.values()) % len(options)]
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
-    write_tiny_checkpoint(target, "llama", seed=0)
-    write_tiny_checkpoint(draft, "llama", seed=1, num_hidden_layers=1)
-    return target, draft
+    return write_tiny_target_and_draft(tmp_path_factory, "auto-sd")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +58,7 @@ def test_sd_rounds_of_remote_ssd_sequences_build_nothing_and_keep_greedy_output(
         sent, send = [], session.send
         session.send = lambda message: (sent.append(message), send(message))[1]
         engine = LLMEngine(replace(config, speculation=remote_speculation(K, None, 8)), proposer=proposer)
-        engine.mode_chooser = _Cycling()
+        engine.mode_chooser = CyclingChooser()
         params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
         assert _generate(engine, params) == plain
         rounds = engine.mode_chooser.num_rounds
