@@ -46,21 +46,27 @@ def _padded(fn: Matmul, rows: int) -> Matmul:
 
 
 def float_options(w: torch.Tensor) -> dict[str, Matmul]:
-    """The float ways to run x @ w.T for one weight w [N, K] (float32 master copy)."""
+    """The float ways to run x @ w.T for one weight w [N, K] (float32 master copy). oneDNN packs bf16 weights only
+    on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (AVX2-only, e.g. Zen 3) those options are left out."""
     bf16, fp32 = w.bfloat16(), w.float()
-    packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(bf16, 1)
-    packed_bf16_16 = torch.ops.mkldnn._reorder_linear_weight(bf16, 16)  # packed for a batch of 16 rows
     packed_fp32 = torch.ops.mkldnn._reorder_linear_weight(fp32, 1)
     t_bf16 = bf16.t().contiguous()  # [K, N]
 
     def onednn(packed: torch.Tensor) -> Matmul:
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
-    return {
+    options: dict[str, Matmul] = {
         "fp32 F.linear": lambda x: F.linear(x.float(), fp32),
         "fp32 oneDNN packed": lambda x: onednn(packed_fp32)(x.float()),
         "bf16 F.linear": lambda x: F.linear(x, bf16),
         "bf16 mm on [K,N] weight": lambda x: torch.mm(x, t_bf16),
+    }
+    try:
+        packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(bf16, 1)
+        packed_bf16_16 = torch.ops.mkldnn._reorder_linear_weight(bf16, 16)  # packed for a batch of 16 rows
+    except RuntimeError:  # this CPU's oneDNN has no bf16 packing
+        return options
+    return options | {
         "bf16 oneDNN packed (today)": onednn(packed_bf16),
         "bf16 oneDNN packed for 16 rows": onednn(packed_bf16_16),
         "bf16 packed, rows padded to 16": _padded(onednn(packed_bf16), 16),

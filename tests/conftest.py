@@ -21,6 +21,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def torch_layer_ops():
+    """The layers on their plain torch ops for one test (the project's CPU layer ops off)."""
+    from ssd.layers import cpu_kernels
+
+    cpu_kernels.set_layer_ops(False)
+    yield
+    cpu_kernels.set_layer_ops(True)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llama")

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.context import get_forward_context
+from ssd.layers import cpu_kernels
 from ssd.layers.attention_backend import KEY_BUCKET, PaddedBatch, bucketed
 
 __all__ = ["KEY_BUCKET", "Attention", "bucketed", "paged_attention", "store_kv"]
@@ -27,8 +28,17 @@ def store_kv(
     kv_cache: torch.Tensor,  # [2, KVH, num_slots, D]
     slot_mapping: torch.Tensor,  # [T]
 ) -> None:
+    ops = cpu_kernels.layer_ops_for(k)
+    if (ops is not None and k.dtype == v.dtype == kv_cache.dtype and kv_cache.is_contiguous()
+            and slot_mapping.dtype == torch.int64 and _heads_contiguous(k) and _heads_contiguous(v)):
+        ops.store_kv(k, v, kv_cache, slot_mapping)  # one call; the rows of k and v may be strided
+        return
     kv_cache[0].index_copy_(1, slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
     kv_cache[1].index_copy_(1, slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
+
+
+def _heads_contiguous(t: torch.Tensor) -> bool:  # t [T, heads, D]: each token's heads side by side
+    return t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
 
 
 # Up to this many queries per sequence (decode, verify, tree steps) plain matmuls beat torch's CPU

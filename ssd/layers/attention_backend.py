@@ -1,12 +1,16 @@
 """The attention backends and the one place that picks one (`select_attention_backend`).
 
 torch: the plain-torch reference (gather each sequence's keys, batched matmuls or SDPA), on every device.
+cpu: the project's C++ layer op for decode and chain verify (up to MAX_MATMUL_QUERIES causal queries per sequence,
+all alike; keys read in place through their slots), torch for the rest (prefill, trees, uneven batches).
 triton: `ssd_kernels.paged_attention` (the project's Triton kernel; on CPU it runs under TRITON_INTERPRET=1, for
 tests). flash-attn: flash_attn's varlen kernel over gathered keys (CUDA; token trees fall back to torch).
-`auto` = flash-attn where installed on CUDA, else triton on CUDA where the kernels package exists, else torch.
+`auto` = flash-attn where installed on CUDA, else triton on CUDA where the kernels package exists, else cpu on a
+CPU where the project's CPU kernels build, else torch.
 Every backend reads the same `ForwardContext` fields; `prepare` derives its own metadata once per forward.
 """
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -101,6 +105,46 @@ class TorchBackend:
         return paged_attention(q, kv_cache, ctx.attn_metadata, scale)
 
 
+@dataclass(frozen=True)
+class FewQueries:
+    """The cpu backend's view of a decode / chain-verify forward: each sequence's key slots and length."""
+
+    kv_slots: torch.Tensor  # [B, S] int64: KV slot of each key (S = max_seq_len)
+    seq_lens: torch.Tensor  # [B] int64
+    num_queries: int  # Q: the last Q keys of each sequence are its queries
+
+
+class CpuBackend:
+    """The project's CPU attention op where a forward is few alike causal queries per sequence, else torch."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.fallback = TorchBackend()
+
+    def prepare(self, ctx: ForwardContext) -> FewQueries | PaddedBatch:
+        from ssd.layers.attention import MAX_MATMUL_QUERIES
+
+        if not ctx.is_uniform or ctx.tree_mask is not None or ctx.max_query_len > MAX_MATMUL_QUERIES:
+            return self.fallback.prepare(ctx)
+        bs = ctx.block_size
+        key = torch.arange(ctx.max_seq_len, device=ctx.seq_lens.device)  # [S]
+        block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
+        kv_slots = ctx.block_tables[:, block].to(torch.int64) * bs + key % bs  # [B, S]
+        return FewQueries(kv_slots.contiguous(), ctx.seq_lens.to(torch.int64).contiguous(), ctx.max_query_len)
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
+        from ssd.layers import cpu_kernels
+
+        meta = ctx.attn_metadata
+        ops = cpu_kernels.layer_ops_for(q)
+        if not isinstance(meta, FewQueries) or ops is None or q.shape[-1] % 8:
+            if isinstance(meta, FewQueries):  # the layer ops were turned off after prepare: the torch path
+                ctx = dataclasses.replace(ctx, attn_metadata=self.fallback.prepare(ctx))
+            return self.fallback.attend(q, kv_cache, ctx, scale)
+        return ops.paged_attention(q.contiguous(), kv_cache, meta.kv_slots, meta.seq_lens, meta.num_queries, scale)
+
+
 class TritonBackend:
     """The kernels package's paged attention; it reads the context's fields as they are."""
 
@@ -162,9 +206,13 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
             return FlashAttnBackend()
         if device.type == "cuda" and importlib.util.find_spec("ssd_kernels") is not None:
             return TritonBackend()
-        return TorchBackend()
+        return CpuBackend() if device.type == "cpu" and _cpu_kernels_build() else TorchBackend()
     if name == "torch":
         return TorchBackend()
+    if name == "cpu":
+        if device.type != "cpu" or not _cpu_kernels_build():
+            raise InvalidRequestError("attention backend cpu needs a CPU device where the project's CPU kernels build")
+        return CpuBackend()
     if name == "flash-attn":
         if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
             raise InvalidRequestError("attention backend flash-attn needs CUDA and the flash_attn package")
@@ -177,3 +225,9 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionBacken
                                       "process with TRITON_INTERPRET=1")
         os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter runs the kernel on CPU tensors
     return TritonBackend()
+
+
+def _cpu_kernels_build() -> bool:
+    from ssd.layers import cpu_kernels
+
+    return cpu_kernels.extension() is not None

@@ -1,11 +1,22 @@
-"""Vocabulary-parallel embedding and LM head: rows split across the ranks of the current `TensorParallel`."""
+"""Vocabulary-parallel embedding and LM head: rows split across the ranks of the current `TensorParallel`.
 
+The LM head may also hold the checkpoint's own Q8_0 form of its weight (`use_q8`, the default model's GGUF
+keeps it so): on CPU, forwards of up to cpu_kernels.MAX_ROWS rows then read those 8-bit blocks (a decode step
+reads 30 MB instead of 113 MB of float32 or 57 MB of bfloat16); larger ones use the float weight, which holds the
+same values (`use_q8` checks it).
+"""
+
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ssd.distributed import current_tp, divide
+from ssd.layers import cpu_kernels
 from ssd.layers.linear import onednn_pack, packed_linear
+from ssd.quantized_weights import Q8Weight
+
+log = structlog.get_logger(__name__)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -31,10 +42,27 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None
+    q8_blocks: torch.Tensor | None = None  # [V / size / 4, d / 32, 136]: this rank's rows in the q8 kernel's layout
 
     def pack(self) -> None:
         self.packed = onednn_pack(self.weight)
 
+    def use_q8(self, weight: Q8Weight) -> bool:
+        """Read `weight` (the whole vocabulary's Q8_0 head) for few-row forwards on CPU; False (and logged) where
+        it is not this head's float weight quantized, or the kernel cannot hold it or run here."""
+        codes, scales = (t.narrow(0, self.start, self.shard) for t in (weight.codes, weight.scales))
+        if tuple(codes.shape) != tuple(self.weight.shape):
+            log.warning("q8_0 LM head skipped: its shape differs", q8=list(codes.shape), head=list(self.weight.shape))
+            return False
+        if not torch.equal(Q8Weight(codes, scales).dequantize().to(self.weight.dtype), self.weight.detach()):
+            log.warning("q8_0 LM head skipped: its values are not the float head's")
+            return False
+        self.q8_blocks = cpu_kernels.q8_layout(codes, scales) if self.weight.device.type == "cpu" else None
+        return self.q8_blocks is not None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, V] float32
-        logits = packed_linear(hidden, self.packed, self.weight, None)  # [N, V / size]: this rank's rows
+        if self.q8_blocks is not None and hidden.shape[0] <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu":
+            logits = cpu_kernels.q8_matmul(hidden, self.q8_blocks)  # [N, V / size]
+        else:
+            logits = packed_linear(hidden, self.packed, self.weight, None)  # [N, V / size]: this rank's rows
         return self.tp.all_gather_last(logits).float()

@@ -1,7 +1,12 @@
-"""RMSNorm, with the residual add fused in (returns the normed value and the new residual)."""
+"""RMSNorm, with the residual add fused in (returns the normed value and the new residual).
+
+On CPU it is one call of the project's layer op (ssd/layers/cpu_kernels.py); `_norm` is the torch version.
+"""
 
 import torch
 from torch import nn
+
+from ssd.layers import cpu_kernels
 
 
 class RMSNorm(nn.Module):
@@ -20,6 +25,11 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        ops = cpu_kernels.layer_ops_for(x)
+        if ops is not None and x.dim() == 2 and self.weight.dtype == x.dtype:
+            outs = ops.rms_norm(x.contiguous(), None if residual is None else residual.contiguous(), self.weight,
+                                self.eps)
+            return outs[0] if residual is None else (outs[0], outs[1])
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -2,7 +2,7 @@
 
 Each runs a kernel (`kernel()`) where the device has one, with `reference()` beside it (dequantize, then
 F.linear) that tests compare it with. int4 on CPU with the GGUF's own group-32 values: the project's kernel
-(ssd/layers/int4_cpu_kernel.py; float32 and 16-bit activations alike, each row on the same arithmetic whatever
+(ssd/layers/cpu_kernels.py; float32 and 16-bit activations alike, each row on the same arithmetic whatever
 the batch). Otherwise torch's packed weight-only kernels, whose CPU int4 / int8 versions have no fast float32
 path (measured 10-40x slower than dequantizing for 8-40 rows, and linear in the rows): float32 activations run
 the reference there, so a decode and a verify forward stay on the same arithmetic. The portable weights and
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ssd.layers import int4_cpu_kernel
+from ssd.layers import cpu_kernels
 from ssd.quantized_weights import Int4Weight, Int8Weight, unpack_int4_codes
 
 log = structlog.get_logger(__name__)
@@ -62,7 +62,7 @@ class Int4Matmul(nn.Module):
         return self.own_blocks is not None and self.codes.device.type == "cpu"
 
     def runs_own_kernel(self, dtype: torch.dtype) -> bool:
-        """Whether activations of `dtype` (up to int4_cpu_kernel.MAX_ROWS rows) run the own kernel."""
+        """Whether activations of `dtype` (up to cpu_kernels.MAX_ROWS rows) run the own kernel."""
         if not self.has_own_kernel or self.kernel_choice == Int4Kernel.TORCH:
             return False
         return self.kernel_choice != Int4Kernel.AUTO or dtype == torch.float32 or self.packed is None
@@ -76,14 +76,14 @@ class Int4Matmul(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        if x.shape[0] <= int4_cpu_kernel.MAX_ROWS and self.runs_own_kernel(x.dtype):
+        if x.shape[0] <= cpu_kernels.MAX_ROWS and self.runs_own_kernel(x.dtype):
             return self.own_kernel(x)
         if self.packed is None or x.dtype != self.scales_and_zeros.dtype or x.dtype == torch.float32:
             return self.reference(x)
         return self.kernel(x)
 
     def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        return int4_cpu_kernel.matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
+        return cpu_kernels.int4_matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         if x.device.type == "cpu":
@@ -99,7 +99,7 @@ class Int4Matmul(nn.Module):
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
         if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
-            kernel = f"own ({self.kernel_choice.value}) up to {int4_cpu_kernel.MAX_ROWS} rows, else {kernel}"
+            kernel = f"own ({self.kernel_choice.value}) up to {cpu_kernels.MAX_ROWS} rows, else {kernel}"
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
 
@@ -138,8 +138,8 @@ def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The own CPU kernel's layout of `weight`; None where it cannot hold it exactly or cannot be built here."""
     if weight.group_size != 32:
         return None
-    layout = int4_cpu_kernel.kernel_layout(weight.scales, weight.zeros, weight.unpacked())
-    if layout is None or int4_cpu_kernel.extension() is None:
+    layout = cpu_kernels.int4_layout(weight.scales, weight.zeros, weight.unpacked())
+    if layout is None or cpu_kernels.extension() is None:
         return None
     return layout
 

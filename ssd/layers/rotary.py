@@ -1,10 +1,14 @@
-"""Rotary position embedding (rotate-half convention), including Llama-3 frequency scaling."""
+"""Rotary position embedding (rotate-half convention), including Llama-3 frequency scaling.
+
+On CPU it is one call of the project's layer op (ssd/layers/cpu_kernels.py), reading the same float32 tables.
+"""
 
 import math
 
 import torch
 from torch import nn
 
+from ssd.layers import cpu_kernels
 from ssd.model_config import RopeConfig
 
 
@@ -75,6 +79,10 @@ class RotaryEmbedding(nn.Module):
         positions: torch.Tensor,  # [T]
         x: torch.Tensor,  # [T, heads, D]: queries and/or keys
     ) -> torch.Tensor:  # [T, heads, D]
+        ops = cpu_kernels.layer_ops_for(x)
+        if (ops is not None and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == self.head_dim
+                and positions.dtype == torch.int64 and positions.shape == x.shape[:1]):
+            return ops.rope(x, positions, self.cos, self.sin)  # the CPU tables are float32, as the torch path's
         cos, sin = self._cos_sin(positions, x.dtype)
         return x * cos + self._rotate_half(x) * sin
 

@@ -4,8 +4,9 @@ computed from its float weights at load.
 `quantization` (EngineConfig): "none"; "auto" = the checkpoint's own quantization if it has one (a GGUF
 import's int4 cache, ssd/quantized_weights.py), else none; "int8" (per output channel); "int4" or "int4:G"
 (groups of G input features; plain int4 uses the checkpoint's own int4 weights where it has them, else
-groups of 32). Embeddings and the LM head stay float: the default model ties them, its GGUF holds them as
-Q8_0 (per-block scales, which the per-channel int8 kernel cannot hold exactly), and its lookup reads one row.
+groups of 32). Embeddings stay float (a lookup reads one row). The LM head stays float too, except where the
+checkpoint's own int4 form comes with its own Q8_0 head (the default model's GGUF ties it to the embedding):
+then the head also reads those 8-bit blocks on CPU (ParallelLMHead.use_q8).
 A tensor-parallel rank quantizes (or loads) only its shard; int4 groups never cross a shard boundary.
 """
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from ssd.errors import CheckpointError, InvalidRequestError
+from ssd.layers.embedding import ParallelLMHead
 from ssd.layers.linear import quantizable_linears
 from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
 from ssd.quantized_weights import (
@@ -24,7 +26,9 @@ from ssd.quantized_weights import (
     INT4_GROUP_SIZES,
     Int4Weight,
     has_int4_cache,
+    has_q8_head,
     load_int4_cache,
+    load_q8_head,
     quantize_int4,
     quantize_int8,
 )
@@ -39,19 +43,22 @@ class QuantizationScheme:
     method: str  # "none" | "int8" | "int4"
     group_size: int | None = None  # int4 only; None = the checkpoint's own (or DEFAULT_GROUP_SIZE)
     is_own: bool = False  # the checkpoint's own quantized weights, not computed at load
+    has_q8_head: bool = False  # the checkpoint's own Q8_0 LM head comes with them
 
     def describe(self) -> str:
         if self.method != "int4":
             return self.method
-        return f"int4 (group {self.group_size}, {'checkpoint' if self.is_own else 'quantized at load'})"
+        head = "; LM head q8_0" if self.has_q8_head else ""
+        return f"int4 (group {self.group_size}, {'checkpoint' if self.is_own else 'quantized at load'}{head})"
 
 
 def resolve_quantization(requested: str, folder: Path) -> QuantizationScheme:
     """What `requested` (an EngineConfig.quantization value) means for the checkpoint `folder`."""
     method, _, group = requested.partition(":")
     own = has_int4_cache(folder)
+    own_scheme = QuantizationScheme("int4", GGUF_BLOCK, is_own=True, has_q8_head=has_q8_head(folder))
     if method == "auto":
-        return QuantizationScheme("int4", GGUF_BLOCK, is_own=True) if own else QuantizationScheme("none")
+        return own_scheme if own else QuantizationScheme("none")
     if method in ("none", "int8"):
         return QuantizationScheme(method)
     if method != "int4":
@@ -60,7 +67,7 @@ def resolve_quantization(requested: str, folder: Path) -> QuantizationScheme:
     if size is not None and size not in INT4_GROUP_SIZES:
         raise InvalidRequestError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {size}")
     if own and size in (None, GGUF_BLOCK):
-        return QuantizationScheme("int4", GGUF_BLOCK, is_own=True)
+        return own_scheme
     return QuantizationScheme("int4", size or DEFAULT_GROUP_SIZE)
 
 
@@ -82,7 +89,16 @@ def quantize_model(model: nn.Module, folder: Path, scheme: QuantizationScheme, d
         module.use_quantized(matmul)
         count += 1
     log.info("quantized linear layers", quantization=scheme.describe(), num_linears=count)
+    if scheme.has_q8_head:
+        _use_q8_head(model, folder)
     return count
+
+
+def _use_q8_head(model: nn.Module, folder: Path) -> None:
+    head = load_q8_head(folder)
+    lm_head = getattr(model, "lm_head", None)
+    if head is not None and isinstance(lm_head, ParallelLMHead) and lm_head.use_q8(head):
+        log.info("LM head reads the checkpoint's q8_0 blocks for few-row forwards", shape=list(head.codes.shape))
 
 
 def _group_for(module: nn.Module, name: str, scheme: QuantizationScheme) -> int:

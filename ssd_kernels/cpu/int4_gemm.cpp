@@ -6,27 +6,22 @@
 //          low nibble and q[j + 16] in its high one, q in 0..15), then their d's (4 x 2 fp16)
 //   mins   [N, K / 32] fp16 bits: each group's m; w = q * d + m (Q4_1 as stored; Q4_0: m = -8 d)
 // Three paths, chosen by the caller:
-//   kFloat512 / kFloat256: dequantize in registers and accumulate in float32 (AVX-512 / AVX2); x as given.
+//   kFloat512: dequantize in registers and accumulate in float32 (AVX-512); x as given.
+//   kFloat256: float32 dot products of the codes with x per group, times d, plus sum_g m_g * sum(x_g) (AVX2).
 //   kVnni512: x rounded to int8 in groups of 32 (one scale each, as llama.cpp's Q8 activations), integer dot
 //             products of the 4-bit codes with them (AVX-512 VNNI), scaled and accumulated in float32.
 // Every row of x runs the same arithmetic whatever the number of rows or threads (threads split the output
 // features), so a decode step and a verify of K + 1 positions give each position the same bits.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
+#include "cpu_kernels.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstring>
 
+namespace ssd_cpu {
 namespace {
 
 constexpr int64_t kGroup = 32;
-constexpr int64_t kTile = 4;  // output features per tile: independent accumulation chains at one row of x
 constexpr int64_t kBlockBytes = kTile * 32 + kTile * 2 * 2;  // a tile's codes and d's for one pair of groups
-constexpr int kRowsPerPass = 4;  // rows of x per pass over a tile's weights
-constexpr int64_t kFloat256 = 1, kFloat512 = 2, kVnni512 = 4;  // the paths, as bits of supported_paths()
 
 // The operands of one call, shared by every tile.
 struct Operands {
@@ -35,13 +30,13 @@ struct Operands {
   const float* x;         // [M, K] float32 (float paths)
   const int8_t* xq;       // [M, P, 64] int8, each pair of groups in the VNNI lane order (kVnni512)
   const float* xscale;    // [M, P, 16] the int8 scale of each int32 lane (kVnni512)
-  const float* xsum;      // [M, G] float32 sums of x's groups (kVnni512)
+  const float* xsum;      // [M, G] float32 sums of x's groups (kVnni512, kFloat256)
   float* y;               // [M, N]
   int64_t K, N, G, P;
 };
 
-#define TARGET_512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#define TARGET_256 __attribute__((target("avx2,f16c,fma")))
+#define TARGET_512 SSD_TARGET_512
+#define TARGET_256 SSD_TARGET_256
 
 inline const uint8_t* block_of(const Operands& o, int64_t tile, int64_t p) { return o.blocks + (tile * o.P + p) * kBlockBytes; }
 inline uint16_t d_bits(const uint8_t* block, int64_t r, int64_t h) {
@@ -84,11 +79,18 @@ TARGET_512 void tile_float512(const Operands& o, int64_t tile, int64_t m0) {
     for (int i = 0; i < MB; ++i) o.y[(m0 + i) * o.N + tile * kTile + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
-// ---- float32, AVX2 ----
-TARGET_256 inline float hsum_256(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+// ---- float32, AVX2: y = sum_g d_g (q_g . x_g) + sum_g m_g xsum_g (the dequantizing fma and the broadcast of m
+// leave the inner loop, which is bound by its instruction count on AVX2 CPUs) ----
+TARGET_256 inline float min_term_256(const Operands& o, int64_t n, int64_t row) {  // sum_g m[n, g] * xsum[row, g]
+  const uint16_t* m = o.mins + n * o.G;
+  const float* xs = o.xsum + row * o.G;
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= o.G; g += 8)
+    acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + g))), _mm256_loadu_ps(xs + g), acc);
+  float sum = hsum_256(acc);
+  for (; g < o.G; ++g) sum += _cvtsh_ss(m[g]) * xs[g];
+  return sum;
 }
 
 template <int MB>
@@ -100,27 +102,44 @@ TARGET_256 void tile_float256(const Operands& o, int64_t tile, int64_t m0) {
   for (int64_t p = 0; p < o.P; ++p) {
     const uint8_t* block = block_of(o, tile, p);
     for (int64_t h = 0; h < 2; ++h) {
-      const int64_t g = 2 * p + h;
-      for (int64_t half = 0; half < 2; ++half) {  // bytes 8 half .. 8 half + 7 of the group's 16
-        const int64_t k = g * kGroup + 8 * half;
-        for (int r = 0; r < kTile; ++r) {
-          const int64_t n = tile * kTile + r;
-          const __m256i q = _mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + r * 32 + h * 16 + 8 * half)));
-          const __m256 d = _mm256_set1_ps(_cvtsh_ss(d_bits(block, r, h)));
-          const __m256 m = _mm256_set1_ps(_cvtsh_ss(o.mins[n * o.G + g]));
-          const __m256 wlo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), d, m);  // k .. k + 7
-          const __m256 whi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d, m);  // k + 16 ..
-          for (int i = 0; i < MB; ++i) {
-            acc[r][i] = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(o.x + (m0 + i) * o.K + k), acc[r][i]);
-            acc[r][i] = _mm256_fmadd_ps(whi, _mm256_loadu_ps(o.x + (m0 + i) * o.K + k + 16), acc[r][i]);
-          }
+      const int64_t k = (2 * p + h) * kGroup;
+      __m256 xv[MB][4];  // x[k .. k + 31] in 4 x 8
+      for (int i = 0; i < MB; ++i)
+        for (int c = 0; c < 4; ++c) xv[i][c] = _mm256_loadu_ps(o.x + (m0 + i) * o.K + k + 8 * c);
+      for (int r = 0; r < kTile; ++r) {
+        const uint8_t* codes = block + r * 32 + h * 16;  // byte j: q[j] low nibble, q[j + 16] high
+        const __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+        const __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8)));
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(c0, low4));  // q[0 .. 7]
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_and_si256(c1, low4));  // q[8 .. 15]
+        const __m256 q2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 4));    // q[16 .. 23]
+        const __m256 q3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(c1, 4));    // q[24 .. 31]
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(d_bits(block, r, h)));
+        for (int i = 0; i < MB; ++i) {
+          __m256 dot = _mm256_mul_ps(q0, xv[i][0]);
+          dot = _mm256_fmadd_ps(q1, xv[i][1], dot);
+          dot = _mm256_fmadd_ps(q2, xv[i][2], dot);
+          dot = _mm256_fmadd_ps(q3, xv[i][3], dot);
+          acc[r][i] = _mm256_fmadd_ps(dot, d, acc[r][i]);
         }
       }
     }
   }
   for (int r = 0; r < kTile; ++r)
-    for (int i = 0; i < MB; ++i) o.y[(m0 + i) * o.N + tile * kTile + r] = hsum_256(acc[r][i]);
+    for (int i = 0; i < MB; ++i) {
+      const int64_t n = tile * kTile + r;
+      o.y[(m0 + i) * o.N + n] = hsum_256(acc[r][i]) + min_term_256(o, n, m0 + i);
+    }
+}
+
+// x [M, K] -> the sums of its groups of 32, [M, G] (the float AVX2 path's min term).
+void group_sums(const float* x, int64_t M, int64_t K, float* xsum) {
+  for (int64_t row = 0; row < M; ++row)
+    for (int64_t g = 0; g < K / kGroup; ++g) {
+      float sum = 0.f;
+      for (int j = 0; j < kGroup; ++j) sum += x[row * K + g * kGroup + j];
+      xsum[row * (K / kGroup) + g] = sum;
+    }
 }
 
 // ---- int8 activations, AVX-512 VNNI ----
@@ -201,23 +220,7 @@ const TileFn kTilesFloat256[4] = TILE_TABLE(tile_float256);
 const TileFn kTilesVnni512[4] = TILE_TABLE(tile_vnni512);
 #undef TILE_TABLE
 
-// The paths this CPU runs, as a bit set of kFloat256 | kFloat512 | kVnni512.
-int64_t supported_paths() {
-  int64_t bits = 0;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) bits |= kFloat256;
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  if (avx512 && (bits & kFloat256)) bits |= kFloat512;
-  if ((bits & kFloat512) && __builtin_cpu_supports("avx512vnni")) bits |= kVnni512;
-  return bits;
-}
-
-void run_tiles(const TileFn (&tiles)[4], const Operands& o, int64_t M) {
-  at::parallel_for(0, o.N / kTile, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) tiles[std::min<int64_t>(kRowsPerPass, M - m0) - 1](o, t, m0);
-  });
-}
+}  // namespace
 
 // x [M, K] (any float dtype), blocks [N / 4, K / 64, 144] uint8, mins [N, K / 32] int16 (fp16 bits)
 // -> [M, N] in x's dtype.
@@ -242,16 +245,16 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& blocks, con
     torch::Tensor xsum = torch::empty({M, G}, x.options().dtype(at::kFloat));
     quantize_rows(o.x, M, K, xq.data_ptr<int8_t>(), xscale.data_ptr<float>(), xsum.data_ptr<float>());
     o.xq = xq.data_ptr<int8_t>(), o.xscale = xscale.data_ptr<float>(), o.xsum = xsum.data_ptr<float>();
-    run_tiles(kTilesVnni512, o, M);
+    run_tiles(kTilesVnni512, o, N / kTile, M);
+  } else if (path == kFloat256) {
+    torch::Tensor xsum = torch::empty({M, G}, x.options().dtype(at::kFloat));
+    group_sums(o.x, M, K, xsum.data_ptr<float>());
+    o.xsum = xsum.data_ptr<float>();
+    run_tiles(kTilesFloat256, o, N / kTile, M);
   } else {
-    run_tiles(path == kFloat512 ? kTilesFloat512 : kTilesFloat256, o, M);
+    run_tiles(kTilesFloat512, o, N / kTile, M);
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_gemm", &int4_gemm, "y = x @ w.T for a group-32 int4 weight (see int4_gemm.cpp)");
-  m.def("supported_paths", &supported_paths, "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI");
-}
+}  // namespace ssd_cpu

@@ -1,66 +1,21 @@
-"""The CPU int4 GEMM of group-32 weights (GGUF Q4_0 / Q4_1 values): launcher, layout, reference and build.
+"""The CPU int4 GEMM of group-32 weights (GGUF Q4_0 / Q4_1 values): launcher, layout and reference.
 
 `int4_gemm` runs ssd_kernels/cpu/int4_gemm.cpp (float32 AVX2 / AVX-512, or int8 activations with AVX-512 VNNI;
-threads over output features), `int4_gemm_reference` is its plain-torch twin. The extension is compiled once per source, compiler flags and CPU
-into `build_root` (the caller's cache folder); `load_extension` raises `KernelBuildError` where it cannot build.
+threads over output features), `int4_gemm_reference` is its plain-torch twin. The extension that holds it is
+built by ssd_kernels/cpu/extension.py.
 Layout (see int4_gemm.cpp): blocks [N / 4, K / 64, 144] uint8 (a tile of 4 output features' codes and d's per
 pair of groups), mins [N, K / 32] fp16; w = q * d + m.
 """
 
-import hashlib
-import platform
-from functools import cache
-from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
+from ssd_kernels.cpu.extension import FLOAT_AVX512, VNNI_AVX512
+
 GROUP = 32
 TILE = 4  # output features per block
-FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512 = 1, 2, 4  # the kernel's paths (bits of `supported_paths`)
-_SOURCE = Path(__file__).with_name("int4_gemm.cpp")
-_CFLAGS = ["-O3", "-fopenmp"]  # the ISA is chosen per function (target attributes), not for the whole file
-
-
-class KernelBuildError(RuntimeError):
-    """The C++ extension could not be compiled or loaded here."""
-
-
-def _cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return " ".join(sorted(f for f in line.split() if f.startswith(("avx", "fma", "f16c"))))
-
-
-def build_key() -> str:
-    """What a build depends on: the source, the flags, torch and the CPU's vector extensions."""
-    parts = [_SOURCE.read_bytes(), " ".join(_CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode()]
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-
-
-@cache
-def load_extension(build_root: Path) -> ModuleType:
-    """The compiled extension (built under `build_root` at first use, then loaded from there)."""
-    from torch.utils import cpp_extension
-
-    key = build_key()
-    folder = build_root / f"int4_gemm-{key}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(name=f"ssd_int4_gemm_{key}", sources=[str(_SOURCE)], extra_cflags=_CFLAGS,
-                                  build_directory=str(folder), verbose=False)
-    except (OSError, RuntimeError, ImportError) as e:  # no compiler, a failed compile, a broken cache
-        raise KernelBuildError(f"int4_gemm could not be built in {folder}: {e}") from e
-
-
-def supported_paths(ext: ModuleType) -> list[int]:
-    """The paths (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512) this CPU runs."""
-    bits = ext.supported_paths()
-    return [path for path in (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512) if bits & path]
 
 
 def pack_q32(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

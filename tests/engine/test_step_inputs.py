@@ -6,7 +6,13 @@ import torch
 from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.errors import InvalidRequestError
-from ssd.layers.attention_backend import TorchBackend, bucketed, padded_batch, select_attention_backend
+from ssd.layers.attention_backend import (
+    CpuBackend,
+    TorchBackend,
+    bucketed,
+    padded_batch,
+    select_attention_backend,
+)
 from ssd.layers.mask_bits import mask_bits, pack_mask
 from ssd.runtime.step_inputs import ForwardItem, StepInputs
 from ssd.speculation.tree_mask import branch_mask
@@ -93,10 +99,17 @@ def test_pack_mask_round_trip_across_words():
     assert torch.equal(bits[:, :70], dense) and not bits[:, 70:].any()
 
 
-def test_backend_choice_on_cpu():
+def test_backend_choice_on_cpu(monkeypatch):
     cpu = torch.device("cpu")
-    assert isinstance(select_attention_backend("auto", cpu), TorchBackend)
+    assert isinstance(select_attention_backend("auto", cpu), CpuBackend)  # the project's CPU kernels build here
     assert select_attention_backend("torch", cpu).name == "torch"
+    assert select_attention_backend("cpu", cpu).name == "cpu"
+    from ssd.layers import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "extension", lambda: None)  # a CPU where they cannot build
+    assert isinstance(select_attention_backend("auto", cpu), TorchBackend)
+    with pytest.raises(InvalidRequestError, match="cpu needs"):
+        select_attention_backend("cpu", cpu)
     with pytest.raises(InvalidRequestError, match="flash-attn needs CUDA"):
         select_attention_backend("flash-attn", cpu)
     with pytest.raises(InvalidRequestError):
@@ -118,6 +131,25 @@ def test_triton_without_the_kernels_package_is_a_clear_error(monkeypatch):
                         real_find_spec(name))
     with pytest.raises(InvalidRequestError, match="kernels package"):
         select_attention_backend("triton", torch.device("cpu"))
+
+
+def test_the_cpu_layer_ops_give_the_torch_paths_greedy_tokens(tiny_llama, torch_layer_ops):
+    """float32 greedy: the cpu backend with the layer ops (decode and verify through the C++ ops) == the torch
+    backend on the layers' torch ops, token for token, alone and in a batch."""
+    from ssd.layers import cpu_kernels
+    from ssd.llm import LLM
+    from ssd.sampling.params import SamplingParams
+
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    options = dict(dtype="float32", block_size=4, kv_cache_memory_mb=4)
+    reference = LLM(str(tiny_llama), attention_backend="torch", **options)
+    expected = [o.token_ids for o in reference.generate(prompts, greedy)]
+    cpu_kernels.set_layer_ops(True)
+    fused = LLM(str(tiny_llama), **options)
+    assert fused.engine.worker.runner.backend.name == "cpu"
+    assert [o.token_ids for o in fused.generate(prompts, greedy)] == expected
+    assert [fused.generate([p], greedy)[0].token_ids for p in prompts] == expected
 
 
 TRITON_SCRIPT = """

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from ssd.paths import cache_root
+from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import int4_gemm as own
 
-PATHS = {"float-avx2": own.FLOAT_AVX2, "float-avx512": own.FLOAT_AVX512, "vnni-avx512": own.VNNI_AVX512}
+PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512, "vnni-avx512": own_ext.VNNI_AVX512}
 # Relative to max |reference|. float32: the same products, summed in another order. bfloat16: the output's rounding.
 # VNNI against the float reference: its int8 activations (7 bits of each group's largest value).
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -18,8 +19,8 @@ VNNI_VS_FLOAT = 3e-2
 @pytest.fixture(scope="module")
 def ext():
     try:
-        return own.load_extension(cache_root() / "kernels")
-    except own.KernelBuildError as e:
+        return own_ext.load_extension(cache_root() / "kernels")
+    except own_ext.KernelBuildError as e:
         pytest.fail(f"the int4 CPU kernel does not build here: {e}")
 
 
@@ -38,7 +39,7 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _path(ext, name: str) -> int:
     path = PATHS[name]
-    if path not in own.supported_paths(ext):
+    if path not in own_ext.supported_paths(ext):
         pytest.skip(f"this CPU does not run the {name} path")
     return path
 
@@ -59,7 +60,7 @@ def test_each_path_matches_its_reference(ext, name, dtype, rows):
     y = own.int4_gemm(ext, x, blocks, mins, path)
     assert y.dtype == dtype and y.shape == (rows, 68)
     assert _relative_error(y, own.int4_gemm_reference(x, blocks, mins, path)) < TOLERANCE[dtype]
-    if path == own.VNNI_AVX512:
+    if path == own_ext.VNNI_AVX512:
         assert _relative_error(y, own.int4_gemm_reference(x, blocks, mins)) < VNNI_VS_FLOAT
 
 
@@ -86,13 +87,13 @@ def test_a_planted_nibble_order_bug_is_caught(ext):
     halves = q.view(16, 2, 2, 16)
     swapped, _ = own.pack_q32(torch.stack([halves[:, :, 1], halves[:, :, 0]], 2).view(16, 64), d, m)
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
-    path = own.supported_paths(ext)[-1]
+    path = own_ext.supported_paths(ext)[-1]
     assert _relative_error(own.int4_gemm(ext, x, swapped, mins, path), own.int4_gemm_reference(x, blocks, mins)) > 0.1
 
 
 def test_mismatched_shapes_are_rejected(ext):
     blocks, mins = own.pack_q32(*_weight(8, 64))
     with pytest.raises(ValueError, match="do not match"):
-        own.int4_gemm(ext, torch.randn(1, 128), blocks, mins, own.FLOAT_AVX2)
+        own.int4_gemm(ext, torch.randn(1, 128), blocks, mins, own_ext.FLOAT_AVX2)
     with pytest.raises(ValueError, match="multiple of 4"):
         own.pack_q32(*_weight(6, 64))

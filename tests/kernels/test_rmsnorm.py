@@ -22,6 +22,7 @@ def _inputs(device, dtype, hidden):
     return x, residual, weight
 
 
+@pytest.mark.usefixtures("torch_layer_ops")  # the layer's torch ops: the rounding the reference mirrors
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("hidden", [48, 64])
 def test_rms_norm_matches_the_reference_and_the_layer(device, dtype, hidden):

@@ -14,6 +14,7 @@ LLAMA3 = RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, original_max
 ROPES = [RopeConfig(), LLAMA3]
 
 
+@pytest.mark.usefixtures("torch_layer_ops")  # the layer's torch ops: the rounding the reference mirrors
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rope", ROPES, ids=["default", "llama3"])
 @pytest.mark.parametrize("heads", [1, 3])

@@ -8,7 +8,7 @@ from ssd.context import ForwardMode
 from ssd.layers.quantized_linear import Int4Matmul
 from ssd.llm import LLM
 from ssd.loader.safetensors_loader import read_tensor
-from ssd.quantized_weights import has_int4_cache, load_int4_cache
+from ssd.quantized_weights import has_int4_cache, load_int4_cache, load_q8_head
 from ssd.runtime.model_runner import ForwardItem
 
 pytestmark = pytest.mark.model
@@ -60,3 +60,19 @@ def test_own_int4_logits_equal_the_dequantized_models(cache_path, dtype, toleran
         assert (got - expected).abs().max().item() < tolerance
     else:
         assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() > 0.9
+
+
+def test_the_q8_head_holds_the_gguf_values_of_the_float_head_and_serves_decode_rows(cache_path):
+    """The cached Q8_0 head dequantizes exactly to the float folder's (tied) embedding; the own model's LM head
+    reads it for a decode step's rows, with the float head's logits within float32 tolerance."""
+    head = load_q8_head(cache_path)
+    if head is None:
+        pytest.fail("the default model has no q8_0 head cache: run `ssd models pull smollm2-135m-instruct` again")
+    float_head = read_tensor(cache_path, "model.embed_tokens.weight").float()
+    assert torch.equal(head.dequantize(), float_head)
+    own = LLM(str(cache_path), dtype="float32", quantization="auto", enable_prefix_caching=False)
+    lm_head = own.engine.model.lm_head
+    assert lm_head.q8_blocks is not None and own.engine.worker.quantization.has_q8_head
+    hidden = torch.randn(3, float_head.shape[1], generator=torch.Generator().manual_seed(0))
+    got = lm_head(hidden)  # 3 rows: the q8 kernel
+    assert (got - hidden @ float_head.t()).abs().max().item() < 1e-3

@@ -3,6 +3,7 @@ checkpoint's own int4 cache used by "auto", and tensor-parallel shards of the qu
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from ssd.config import EngineConfig, ProposerChoice, SpeculationConfig, SsdConfig
 from ssd.distributed import TensorParallel, tensor_parallel
@@ -12,7 +13,14 @@ from ssd.layers.quantized_linear import Int4Matmul
 from ssd.llm import LLM
 from ssd.loader.model_loader import load_quantized_model
 from ssd.loader.safetensors_loader import iter_tensors
-from ssd.quantized_weights import Int4Weight, load_int4_cache, quantize_int4, save_int4_cache
+from ssd.quantized_weights import (
+    Int4Weight,
+    load_int4_cache,
+    quantize_int4,
+    quantize_q8_0,
+    save_int4_cache,
+    save_q8_head,
+)
 from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
 
@@ -149,25 +157,32 @@ def test_sharded_quantized_target_equals_the_whole_one(models, tmp_path, quantiz
 
 
 def _copy_with_gguf_like_int4_cache(target, tmp_path):
-    """As `_copy_with_int4_cache`, with fp16 scales and mins as a GGUF's Q4_1 blocks hold (the own CPU kernel's)."""
+    """As `_copy_with_int4_cache`, with fp16 scales and mins as a GGUF's Q4_1 blocks hold (the own CPU kernel's),
+    and a Q8_0 LM head whose values the float folder's head then holds (as a GGUF import's float folder does)."""
     folder = _copy_with_int4_cache(target, tmp_path)
     linears = {}
     for name, w in load_int4_cache(folder).items():
         d = w.scales.half().float()
         linears[name] = Int4Weight(w.codes, d, (w.zeros - 8 * w.scales).half().float() + 8 * d)
     save_int4_cache(folder, linears, source="test")
+    tensors = dict(iter_tensors(folder))
+    head = quantize_q8_0(tensors["lm_head.weight"])
+    tensors["lm_head.weight"] = head.dequantize()
+    save_file(tensors, str(folder / "model.safetensors"))
+    save_q8_head(folder, head, source="test")
     return folder
 
 
 @pytest.mark.parametrize("which", ["sd-draft-model", "sd-eagle3", "ssd"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_greedy_speculation_equals_ar_on_the_own_int4_cpu_kernel(models, tmp_path, which, batch):
+def test_greedy_speculation_equals_ar_on_the_own_cpu_kernels(models, tmp_path, which, batch):
     """The own kernel (float32 path) serves decode steps and verifies alike: sd and ssd == ar token for token."""
     target, draft, head = models
     folder = _copy_with_gguf_like_int4_cache(target, tmp_path)
     ar = _llm(folder, "auto")
     int4 = [m for m in ar.engine.worker.model.modules() if isinstance(m, Int4Matmul)]
     assert len(int4) == 4 * 3 and all(m.runs_own_kernel(torch.float32) for m in int4)
+    assert ar.engine.worker.model.lm_head.q8_blocks is not None  # the Q8_0 head serves decode steps and verifies
     spec = {"sd-draft-model": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
             "sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
             "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]

@@ -153,18 +153,18 @@ def test_int4_quantized_at_load_keeps_torchs_kernel():
 def test_a_failed_build_falls_back_to_torchs_kernel_with_one_warning(monkeypatch):
     from structlog.testing import capture_logs
 
-    from ssd.layers import int4_cpu_kernel
-    from ssd_kernels.cpu import int4_gemm as own
+    from ssd.layers import cpu_kernels
+    from ssd_kernels.cpu import extension as own_ext
 
     def no_compiler(build_root):  # noqa: ANN001, ANN202
-        raise own.KernelBuildError("no compiler here")
+        raise own_ext.KernelBuildError("no compiler here")
 
-    int4_cpu_kernel.extension.cache_clear()
-    monkeypatch.setattr(own, "load_extension", no_compiler)
+    cpu_kernels.extension.cache_clear()
+    monkeypatch.setattr(own_ext, "load_extension", no_compiler)
     try:
         with capture_logs() as logs:
             matmuls = [Int4Matmul(_fp16_exact_int4(96, 128), torch.bfloat16, CPU) for _ in range(2)]
         assert all(not m.has_own_kernel and m.packed is not None for m in matmuls)
-        assert [e["log_level"] for e in logs if "own int4" in e["event"]] == ["warning"]
+        assert [e["log_level"] for e in logs if "own CPU kernels" in e["event"]] == ["warning"]
     finally:
-        int4_cpu_kernel.extension.cache_clear()  # the next user loads the real (cached) build again
+        cpu_kernels.extension.cache_clear()  # the next user loads the real (cached) build again

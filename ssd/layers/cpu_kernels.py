@@ -1,0 +1,139 @@
+"""The project's own CPU kernels (ssd_kernels/cpu) as the layers use them: built once per process into the cache
+folder, their weight layouts made from the portable quantized weights, their paths chosen by dtype and CPU.
+
+int4: group-32 weights whose scales and mins are exact in fp16 (the GGUF's own Q4_0 / Q4_1 values), so it
+computes the checkpoint's weights exactly, for up to MAX_ROWS rows of x. Its float path (dequantize in registers,
+float32 accumulation; equal to the dequantizing reference within float32 rounding) serves every dtype; asked for
+int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path where the CPU has one (rounded to
+int8 in groups of 32, as llama.cpp does). Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
+q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path only; ParallelLMHead uses it.
+Layer ops (`layer_ops_for`): RMSNorm, RoPE, SiLU-and-multiply and few-query attention, one call each in place of
+3-20 torch ops; ssd/layers/norm.py, rotary.py, activation.py and the "cpu" attention backend use them.
+Where the extension cannot be built, one warning is logged and the caller keeps torch's path.
+"""
+
+import time
+from functools import cache
+from types import ModuleType
+
+import structlog
+import torch
+
+from ssd.paths import cache_root
+from ssd_kernels.cpu import extension as own_ext
+from ssd_kernels.cpu import int4_gemm as own
+from ssd_kernels.cpu import q8_gemm
+
+log = structlog.get_logger(__name__)
+
+# The most rows of x it serves: it re-reads the weight for every 4 rows, so a prefill is left to torch's GEMMs.
+# Decode steps, verifies of K + 1 <= 16 positions and trees of up to 16 nodes per sequence stay on it.
+MAX_ROWS = 16
+
+
+@cache
+def extension() -> ModuleType | None:
+    """The compiled kernel, or None (logged once) where it cannot be built or this CPU runs none of its paths."""
+    started = time.perf_counter()
+    log.info("loading the project's CPU kernels (the first start on a machine compiles them: 1-3 minutes)")
+    try:
+        ext = own_ext.load_extension(cache_root() / "kernels")
+        log.info("the project's CPU kernels are ready", seconds=round(time.perf_counter() - started, 1))
+    except own_ext.KernelBuildError as e:
+        log.warning("own CPU kernels unavailable; using torch's paths", error=str(e))
+        return None
+    if not own_ext.supported_paths(ext):
+        log.warning("own CPU kernels: this CPU has neither AVX2 nor AVX-512; using torch's paths")
+        return None
+    return ext
+
+
+def int4_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
+                  q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(blocks, mins) of the kernel for q [N, K] (0..15) with scales / zeros [N, K / 32] in the (q - 8) * scale +
+    zero convention; None where the kernel cannot hold them exactly (other groups, shapes, non-fp16 scales)."""
+    n, k = q.shape
+    if weight_scales.shape != (n, k // own.GROUP) or n % own.TILE or k % (2 * own.GROUP):
+        return None
+    d = weight_scales.float()
+    m = weight_zeros.float() - 8 * d  # w = q d + m
+    if not (torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)):
+        return None
+    return own.pack_q32(q, d, m)
+
+
+@cache
+def path_for(ext: ModuleType, dtype: torch.dtype, is_int8_activations: bool) -> int:
+    """The kernel path for activations of `dtype` on this CPU (int8 ones: 16-bit activations, where it has VNNI)."""
+    if is_int8_activations and dtype != torch.float32 and own_ext.VNNI_AVX512 in own_ext.supported_paths(ext):
+        return own_ext.VNNI_AVX512
+    return own_ext.float_path(ext)
+
+
+def int4_matmul(x: torch.Tensor, blocks: torch.Tensor, mins: torch.Tensor, is_int8_activations: bool) -> torch.Tensor:
+    """x [M, K] @ w.T -> [M, N] in x's dtype (the extension must have built: `extension()` is not None).
+    Under torch.compile it is the custom op `ssd::int4_gemm` (eager calls skip the op's dispatch cost)."""
+    ext = extension()
+    assert ext is not None, "the own int4 kernel runs only where it built"
+    path = path_for(ext, x.dtype, is_int8_activations)
+    if torch.compiler.is_compiling():
+        return torch.ops.ssd.int4_gemm(x, blocks, mins, path)
+    return ext.int4_gemm(x, blocks, mins, path)
+
+
+@torch.library.custom_op("ssd::int4_gemm", mutates_args=())
+def _int4_gemm_op(x: torch.Tensor, blocks: torch.Tensor, mins: torch.Tensor, path: int) -> torch.Tensor:
+    return extension().int4_gemm(x, blocks, mins, path)  # type: ignore[union-attr]
+
+
+@_int4_gemm_op.register_fake
+def _(x: torch.Tensor, blocks: torch.Tensor, mins: torch.Tensor, path: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], mins.shape[0])
+
+
+def q8_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """The q8 kernel's blocks for codes [N, K] int8 and scales [N, K / 32] (w = q * scale); None where the kernel
+    cannot hold them exactly (other shapes, non-fp16 scales) or cannot be built here."""
+    n, k = codes.shape
+    if n % q8_gemm.TILE or k % q8_gemm.GROUP or scales.shape != (n, k // q8_gemm.GROUP):
+        return None
+    if not torch.equal(scales.float().half().float(), scales.float()) or extension() is None:
+        return None
+    return q8_gemm.pack_q8(codes, scales.float())
+
+
+def q8_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w.T -> [M, N] in x's dtype, for blocks made by `q8_layout` (so the extension built)."""
+    ext = extension()
+    assert ext is not None, "the own q8 kernel runs only where it built"
+    if torch.compiler.is_compiling():
+        return torch.ops.ssd.q8_gemm(x, blocks, own_ext.float_path(ext))
+    return ext.q8_gemm(x, blocks, own_ext.float_path(ext))
+
+
+@torch.library.custom_op("ssd::q8_gemm", mutates_args=())
+def _q8_gemm_op(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
+    return extension().q8_gemm(x, blocks, path)  # type: ignore[union-attr]
+
+
+@_q8_gemm_op.register_fake
+def _(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], blocks.shape[0] * q8_gemm.TILE)
+
+
+_layer_ops = {"enabled": True}
+
+
+def set_layer_ops(enabled: bool) -> None:
+    """Turn the fused layer ops (RMSNorm, RoPE, SiLU-and-multiply, few-query attention) on or off for this
+    process; on by default. Off, the layers run their plain torch ops (the references the kernels are tested on)."""
+    _layer_ops["enabled"] = enabled
+
+
+def layer_ops_for(x: torch.Tensor) -> ModuleType | None:
+    """The extension, where the fused layer ops serve `x` (an eager float32 / bfloat16 CPU tensor); else None."""
+    if not _layer_ops["enabled"] or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if torch.compiler.is_compiling():  # a graph keeps torch's ops, which inductor fuses itself
+        return None
+    return extension()

@@ -1,0 +1,53 @@
+// What the project's CPU kernels share: the path bits, the ISA target attributes, a horizontal sum, the tile
+// loop over threads, and each kernel's entry point (bound to Python in module.cpp).
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace ssd_cpu {
+
+constexpr int64_t kFloat256 = 1, kFloat512 = 2, kVnni512 = 4;  // the paths, as bits of supported_paths()
+constexpr int64_t kTile = 4;  // output features per tile: independent accumulation chains at one row of x
+constexpr int kRowsPerPass = 4;  // rows of x per pass over a tile's weights
+
+#define SSD_TARGET_512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define SSD_TARGET_256 __attribute__((target("avx2,f16c,fma")))
+
+SSD_TARGET_256 inline float hsum_256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// The paths this CPU runs, as a bit set of kFloat256 | kFloat512 | kVnni512.
+int64_t supported_paths();
+
+// Runs tiles[mb - 1](operands, tile, m0) for every tile of 4 output features and every pass of up to 4 rows;
+// threads split the tiles, so each row's arithmetic is the same whatever the rows or threads.
+template <typename Operands>
+void run_tiles(void (*const (&tiles)[4])(const Operands&, int64_t, int64_t), const Operands& o, int64_t num_tiles,
+               int64_t M) {
+  at::parallel_for(0, num_tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) tiles[std::min<int64_t>(kRowsPerPass, M - m0) - 1](o, t, m0);
+  });
+}
+
+torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& blocks, const torch::Tensor& mins, int64_t path);
+torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
+std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
+                                    const torch::Tensor& weight, double eps);
+torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,
+                   const torch::Tensor& sin);
+torch::Tensor silu_mul(const torch::Tensor& x);
+void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kv_cache, const torch::Tensor& slots);
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_cache, const torch::Tensor& kv_slots,
+                              const torch::Tensor& seq_lens, int64_t num_queries, double scale);
+
+}  // namespace ssd_cpu

@@ -1,0 +1,70 @@
+"""The project's CPU kernels as one C++ extension: its sources, its build (once per source, flags and CPU, into
+the caller's cache folder) and the kernel paths this CPU runs.
+
+Sources: int4_gemm.cpp (group-32 int4 weights, GGUF Q4_0 / Q4_1), q8_gemm.cpp (group-32 int8 weights, GGUF
+Q8_0), layer_ops.cpp (RMSNorm, RoPE, SiLU-and-multiply, few-query paged attention), module.cpp (CPU feature
+detection and the bindings), cpu_kernels.h (what they share).
+`load_extension` raises `KernelBuildError` where it cannot build; each kernel's layout, launcher and plain-torch
+reference live in its own module (int4_gemm.py, q8_gemm.py).
+"""
+
+import hashlib
+import platform
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512 = 1, 2, 4  # the kernels' paths (bits of `supported_paths`)
+_FOLDER = Path(__file__).parent
+_SOURCES = ("int4_gemm.cpp", "q8_gemm.cpp", "layer_ops.cpp", "module.cpp")
+_HEADERS = ("cpu_kernels.h",)
+_CFLAGS = ["-O3", "-fopenmp"]  # the ISA is chosen per function (target attributes), not for the whole file
+
+
+class KernelBuildError(RuntimeError):
+    """The C++ extension could not be compiled or loaded here."""
+
+
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return " ".join(sorted(f for f in line.split() if f.startswith(("avx", "fma", "f16c"))))
+
+
+def build_key() -> str:
+    """What a build depends on: the sources, the flags, torch and the CPU's vector extensions."""
+    parts = [(_FOLDER / name).read_bytes() for name in (*_SOURCES, *_HEADERS)]
+    parts += [" ".join(_CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+@cache
+def load_extension(build_root: Path) -> ModuleType:
+    """The compiled extension (built under `build_root` at first use, then loaded from there)."""
+    from torch.utils import cpp_extension
+
+    key = build_key()
+    folder = build_root / f"cpu_kernels-{key}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return cpp_extension.load(name=f"ssd_cpu_kernels_{key}", sources=[str(_FOLDER / s) for s in _SOURCES],
+                                  extra_cflags=_CFLAGS, extra_include_paths=[str(_FOLDER)],
+                                  build_directory=str(folder), verbose=False)
+    except (OSError, RuntimeError, ImportError) as e:  # no compiler, a failed compile, a broken cache
+        raise KernelBuildError(f"the CPU kernels could not be built in {folder}: {e}") from e
+
+
+def supported_paths(ext: ModuleType) -> list[int]:
+    """The paths (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512) this CPU runs."""
+    bits = ext.supported_paths()
+    return [path for path in (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512) if bits & path]
+
+
+def float_path(ext: ModuleType) -> int:
+    """The fastest float32 path this CPU runs (the caller checked it runs one)."""
+    return FLOAT_AVX512 if FLOAT_AVX512 in supported_paths(ext) else FLOAT_AVX2

@@ -1,0 +1,283 @@
+// The small per-layer operations of a decoder forward, one call each instead of 3-20 torch ops: RMSNorm with the
+// residual add, rotary embedding of q and k, SiLU-and-multiply, and paged attention of a few queries per sequence.
+// On a small model at batch 1 the torch versions cost more in dispatch than in arithmetic (docs/benchmarks.md).
+//
+// float32 and bfloat16 tensors; arithmetic in float32, a bfloat16 result rounded where the torch version rounds
+// (after the residual add, after the norm, the norm weight's product, the attention output). Every row (token,
+// query) runs the same arithmetic whatever the batch, the number of queries or threads.
+#include "cpu_kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace ssd_cpu {
+namespace {
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const at::BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(at::BFloat16* p, int64_t i, float v) { p[i] = static_cast<at::BFloat16>(v); }
+inline float round_to(float v, const float*) { return v; }
+inline float round_to(float v, const at::BFloat16*) { return static_cast<float>(static_cast<at::BFloat16>(v)); }
+
+void check_cpu(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, ": a contiguous CPU tensor is needed");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what, ": float32 or bfloat16");
+}
+
+bool all_in_range(const int64_t* values, int64_t n, int64_t bound) {  // every value in [0, bound)
+  for (int64_t i = 0; i < n; ++i)
+    if (values[i] < 0 || values[i] >= bound) return false;
+  return true;
+}
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int64_t rows, int64_t n,
+                   float eps) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(n);
+    for (int64_t r = begin; r < end; ++r) {
+      float squares = 0.f;
+      for (int64_t i = 0; i < n; ++i) {
+        float v = load(x, r * n + i);
+        if (residual != nullptr) {
+          v = round_to(v + load(residual, r * n + i), x);  // the new residual stream, in x's dtype
+          store(sum_out, r * n + i, v);
+        }
+        s[i] = v;
+        squares += v * v;
+      }
+      const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+      for (int64_t i = 0; i < n; ++i) store(out, r * n + i, load(weight, i) * round_to(s[i] * inv, x));
+    }
+  });
+}
+
+template <typename T>
+void rope_rows(const T* x, int64_t x_stride, const int64_t* positions, const float* cos, const float* sin, T* out,
+               int64_t tokens, int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cos + positions[t] * d;
+      const float* s = sin + positions[t] * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t row = (t * heads + h) * d, in = t * x_stride + h * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = load(x, in + i), b = load(x, in + half + i);
+          store(out, row + i, a * c[i] - b * s[i]);  // rotate_half: (-x2, x1)
+          store(out, row + half + i, b * c[half + i] + a * s[half + i]);
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = load(x, r * 2 * n + i);
+        const float silu = round_to(g / (1.f + std::exp(-g)), x);
+        store(out, r * n + i, silu * load(x, r * 2 * n + n + i));
+      }
+  });
+}
+
+// A key or value row as 8 float32 lanes, AVX2 (float32 rows as they are, bfloat16 ones widened).
+SSD_TARGET_256 inline __m256 lanes(const float* p) { return _mm256_loadu_ps(p); }
+SSD_TARGET_256 inline __m256 lanes(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// q . key over D (a multiple of 8) and acc += p * value: AVX2, in a fixed order (the same for every row). The
+// extension serves only CPUs with AVX2 (ssd/layers/cpu_kernels.py), so attention has no other path.
+template <typename T>
+SSD_TARGET_256 float dot_256(const float* q, const T* key, int64_t D) {
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t e = 0; e < D; e += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), lanes(key + e), sum);
+  return hsum_256(sum);
+}
+
+template <typename T>
+SSD_TARGET_256 void axpy_256(float p, const T* value, float* acc, int64_t D) {
+  const __m256 pv = _mm256_set1_ps(p);
+  for (int64_t e = 0; e < D; e += 8)
+    _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(pv, lanes(value + e), _mm256_loadu_ps(acc + e)));
+}
+
+// One (sequence, KV head) pair: its G query heads x Q queries against keys 0 .. seq_len - Q + i of query i.
+template <typename T>
+SSD_TARGET_256 void attend_group(const T* q, const T* keys, const T* values, const int64_t* slots, int64_t seq_len, T* out,
+                  int64_t b, int64_t kvh, int64_t Q, int64_t H, int64_t G, int64_t D, float scale,
+                  std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& qf) {
+  for (int64_t i = 0; i < Q; ++i) {
+    const int64_t visible = seq_len - Q + i + 1;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t q_row = ((b * Q + i) * H + kvh * G + g) * D;
+      for (int64_t e = 0; e < D; ++e) qf[e] = load(q, q_row + e);
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) {
+        const T* key = keys + slots[j] * D;
+        scores[j] = dot_256(qf.data(), key, D) * scale;
+        best = std::max(best, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < visible; ++j) total += (scores[j] = std::exp(scores[j] - best));
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < visible; ++j) {
+        const T* value = values + slots[j] * D;
+        axpy_256(scores[j] / total, value, acc.data(), D);
+      }
+      for (int64_t e = 0; e < D; ++e) store(out, q_row + e, acc[e]);
+    }
+  }
+}
+
+template <typename T>
+void attention_rows(const T* q, const T* kv, const int64_t* kv_slots, const int64_t* seq_lens, T* out, int64_t B,
+                    int64_t Q, int64_t H, int64_t KVH, int64_t D, int64_t num_slots, int64_t S, float scale) {
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(S), acc(D), qf(D);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = w / KVH, kvh = w % KVH;
+      const T* keys = kv + kvh * num_slots * D;
+      const T* values = kv + (KVH + kvh) * num_slots * D;
+      attend_group<T>(q, keys, values, kv_slots + b * S, seq_lens[b], out, b, kvh, Q, H, H / KVH, D, scale, scores, acc, qf);
+    }
+  });
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
+                                    const torch::Tensor& weight, double eps) {
+  check_cpu(x, "rms_norm x");
+  check_cpu(weight, "rms_norm weight");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "rms_norm: x [T, n], weight [n] of x's dtype");
+  torch::Tensor out = torch::empty_like(x);
+  torch::Tensor sum = residual.has_value() ? torch::empty_like(x) : torch::Tensor();
+  if (residual.has_value()) {
+    check_cpu(*residual, "rms_norm residual");
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(), "rms_norm: residual like x");
+  }
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rms_norm",
+      AT_DISPATCH_CASE(at::kFloat, [&] {
+        rms_norm_rows<float>(x.data_ptr<float>(), residual ? residual->data_ptr<float>() : nullptr,
+                             weight.data_ptr<float>(), out.data_ptr<float>(), residual ? sum.data_ptr<float>() : nullptr,
+                             x.size(0), x.size(1), static_cast<float>(eps));
+      })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] {
+        using B = at::BFloat16;
+        rms_norm_rows<B>(x.data_ptr<B>(), residual ? residual->data_ptr<B>() : nullptr, weight.data_ptr<B>(),
+                         out.data_ptr<B>(), residual ? sum.data_ptr<B>() : nullptr, x.size(0), x.size(1),
+                         static_cast<float>(eps));
+      }));
+  return residual.has_value() ? std::vector<torch::Tensor>{out, sum} : std::vector<torch::Tensor>{out};
+}
+
+torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,
+                   const torch::Tensor& sin) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "rope x: a float32 or bfloat16 CPU tensor");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && x.stride(2) == 1 && x.stride(1) == x.size(2),
+              "rope: x [T, heads, D] with D even, each token's heads contiguous");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == x.size(0),
+              "rope: positions [T] int64");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.size(1) == x.size(2) && sin.sizes() == cos.sizes(), "rope: cos / sin [P, D] float32");
+  TORCH_CHECK(all_in_range(positions.data_ptr<int64_t>(), positions.numel(), cos.size(0)),
+              "rope: a position is outside the table");
+  torch::Tensor out = torch::empty(x.sizes(), x.options());
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rope",
+      AT_DISPATCH_CASE(at::kFloat, [&] {
+        rope_rows<float>(x.data_ptr<float>(), x.stride(0), positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                         out.data_ptr<float>(), x.size(0), x.size(1), x.size(2));
+      })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] {
+        using B = at::BFloat16;
+        rope_rows<B>(x.data_ptr<B>(), x.stride(0), positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                     out.data_ptr<B>(), x.size(0), x.size(1), x.size(2));
+      }));
+  return out;
+}
+
+torch::Tensor silu_mul(const torch::Tensor& x) {
+  check_cpu(x, "silu_mul x");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "silu_mul: x [T, 2 I]");
+  torch::Tensor out = torch::empty({x.size(0), x.size(1) / 2}, x.options());
+  AT_DISPATCH_SWITCH(x.scalar_type(), "silu_mul",
+      AT_DISPATCH_CASE(at::kFloat, [&] { silu_mul_rows<float>(x.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1) / 2); })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] {
+        silu_mul_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), x.size(0), x.size(1) / 2);
+      }));
+  return out;
+}
+
+// k, v [T, KVH, D] (each token's heads contiguous; rows may be strided) -> kv_cache[0 | 1, :, slots[t], :].
+void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kv_cache, const torch::Tensor& slots) {
+  check_cpu(kv_cache, "store_kv kv_cache");
+  for (const torch::Tensor* t : {&k, &v})
+    TORCH_CHECK(t->device().is_cpu() && t->dim() == 3 && t->scalar_type() == kv_cache.scalar_type() &&
+                t->stride(2) == 1 && t->stride(1) == t->size(2) && t->sizes() == k.sizes(),
+                "store_kv: k and v [T, KVH, D] of the cache's dtype, each token's heads contiguous");
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.size(1) == k.size(1) && kv_cache.size(3) == k.size(2),
+              "store_kv: kv_cache [2, KVH, slots, D]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == k.size(0),
+              "store_kv: slots [T] int64");
+  const int64_t T = k.size(0), KVH = k.size(1), D = k.size(2), num_slots = kv_cache.size(2);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  TORCH_CHECK(all_in_range(slot, T, num_slots), "store_kv: a slot is outside the cache");
+  const int64_t bytes = D * kv_cache.element_size();
+  char* cache = static_cast<char*>(kv_cache.data_ptr());
+  const char* src[2] = {static_cast<const char*>(k.data_ptr()), static_cast<const char*>(v.data_ptr())};
+  const int64_t row_stride[2] = {k.stride(0) * k.element_size(), v.stride(0) * v.element_size()};
+  for (int64_t which = 0; which < 2; ++which)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < KVH; ++h)
+        std::memcpy(cache + ((which * KVH + h) * num_slots + slot[t]) * bytes, src[which] + t * row_stride[which] + h * bytes,
+                    bytes);
+}
+
+// q [B * Q, H, D] (Q queries per sequence, the last Q of its seq_len keys), kv_cache [2, KVH, num_slots, D] with the
+// new keys stored, kv_slots [B, S] int64 (slot of each key, S >= every seq_len), seq_lens [B] int64 -> [B * Q, H, D].
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_cache, const torch::Tensor& kv_slots,
+                              const torch::Tensor& seq_lens, int64_t num_queries, double scale) {
+  check_cpu(q, "paged_attention q");
+  check_cpu(kv_cache, "paged_attention kv_cache");
+  TORCH_CHECK(q.dim() == 3 && kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.size(3) == q.size(2) &&
+              kv_cache.scalar_type() == q.scalar_type() && q.size(1) % kv_cache.size(1) == 0,
+              "paged_attention: q [T, H, D], kv_cache [2, KVH, slots, D] of q's dtype, H a multiple of KVH");
+  TORCH_CHECK(kv_slots.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong && kv_slots.is_contiguous() &&
+              seq_lens.is_contiguous() && kv_slots.dim() == 2 && seq_lens.numel() == kv_slots.size(0),
+              "paged_attention: kv_slots [B, S] and seq_lens [B] int64");
+  const int64_t B = kv_slots.size(0), S = kv_slots.size(1), Q = num_queries;
+  TORCH_CHECK(q.size(2) % 8 == 0 && (supported_paths() & kFloat256), "paged_attention: D a multiple of 8, AVX2");
+  TORCH_CHECK(Q >= 1 && q.size(0) == B * Q, "paged_attention: q holds num_queries rows per sequence");
+  const auto lens = seq_lens.accessor<int64_t, 1>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(lens[b] >= Q && lens[b] <= S, "paged_attention: every seq_len must be in [num_queries, S]");
+  TORCH_CHECK(all_in_range(kv_slots.data_ptr<int64_t>(), kv_slots.numel(), kv_cache.size(2)),
+              "paged_attention: a slot is outside the cache");
+  torch::Tensor out = torch::empty_like(q);
+  const int64_t H = q.size(1), KVH = kv_cache.size(1), D = q.size(2), num_slots = kv_cache.size(2);
+  AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention",
+      AT_DISPATCH_CASE(at::kFloat, [&] {
+        attention_rows<float>(q.data_ptr<float>(), kv_cache.data_ptr<float>(), kv_slots.data_ptr<int64_t>(),
+                              seq_lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, Q, H, KVH, D, num_slots, S,
+                              static_cast<float>(scale));
+      })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] {
+        using T = at::BFloat16;
+        attention_rows<T>(q.data_ptr<T>(), kv_cache.data_ptr<T>(), kv_slots.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+                          out.data_ptr<T>(), B, Q, H, KVH, D, num_slots, S, static_cast<float>(scale));
+      }));
+  return out;
+}
+
+}  // namespace ssd_cpu

@@ -1,0 +1,28 @@
+// The Python module of the project's CPU kernels: CPU feature detection and the bindings.
+#include "cpu_kernels.h"
+
+namespace ssd_cpu {
+
+int64_t supported_paths() {
+  int64_t bits = 0;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) bits |= kFloat256;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (avx512 && (bits & kFloat256)) bits |= kFloat512;
+  if ((bits & kFloat512) && __builtin_cpu_supports("avx512vnni")) bits |= kVnni512;
+  return bits;
+}
+
+}  // namespace ssd_cpu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int4_gemm", &ssd_cpu::int4_gemm, "y = x @ w.T for a group-32 int4 weight (see int4_gemm.cpp)");
+  m.def("q8_gemm", &ssd_cpu::q8_gemm, "y = x @ w.T for a group-32 int8 weight, GGUF Q8_0 (see q8_gemm.cpp)");
+  m.def("rms_norm", &ssd_cpu::rms_norm, "RMSNorm of x (+ residual): [normed] or [normed, x + residual]");
+  m.def("rope", &ssd_cpu::rope, "rotary embedding (rotate-half) of x [T, heads, D] at positions [T]");
+  m.def("silu_mul", &ssd_cpu::silu_mul, "silu(x[:, :I]) * x[:, I:]");
+  m.def("store_kv", &ssd_cpu::store_kv, "write the new keys and values into their cache slots");
+  m.def("paged_attention", &ssd_cpu::paged_attention, "causal attention of the last Q queries of each sequence");
+  m.def("supported_paths", &ssd_cpu::supported_paths,
+        "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI");
+}

@@ -1,0 +1,143 @@
+"""The project's CPU layer ops (ssd_kernels/cpu/layer_ops.cpp) against the torch ops they replace: RMSNorm with
+and without the residual, RoPE on strided rows, SiLU-and-multiply, storing K/V, and few-query paged attention
+(causal, Q queries per sequence), with a query's bits independent of the batch and of Q, and a planted bug."""
+
+import pytest
+import torch
+
+from ssd.layers import cpu_kernels
+from ssd.layers.activation import SiluAndMul
+from ssd.layers.attention import head_major_attention, store_kv
+from ssd.layers.norm import RMSNorm
+from ssd.layers.rotary import RotaryEmbedding
+from ssd.model_config import RopeConfig
+
+# Relative to max |torch|: float32, the same arithmetic in another order; bfloat16, the output's rounding
+# (the ops round once where torch rounds after every op).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ext = cpu_kernels.extension()
+    if ext is None:
+        pytest.fail("the project's CPU kernels do not build here")
+    return ext
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item() < TOLERANCE[dtype]
+
+
+def _torch(fn):  # fn() on the layers' torch ops
+    cpu_kernels.set_layer_ops(False)
+    try:
+        return fn()
+    finally:
+        cpu_kernels.set_layer_ops(True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_with_and_without_the_residual(ops, dtype):
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(96, 1e-5).to(dtype)
+    norm.weight.data = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
+    x, residual = (torch.randn(5, 96, generator=g).to(dtype) for _ in range(2))
+    assert _close(norm(x), _torch(lambda: norm(x)), dtype)
+    (normed, summed), (ref_normed, ref_summed) = norm(x, residual), _torch(lambda: norm(x, residual))
+    assert torch.equal(summed, ref_summed) and _close(normed, ref_normed, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rope", [RopeConfig(), RopeConfig(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                          high_freq_factor=4.0, original_max_position_embeddings=64)])
+def test_rope_on_the_strided_q_and_k_of_a_fused_row(ops, dtype, rope):
+    g = torch.Generator().manual_seed(1)
+    layer = RotaryEmbedding(32, 256, rope)
+    qkv = torch.randn(6, (3 + 1 + 1) * 32, generator=g).to(dtype)
+    qk = qkv[:, : 4 * 32].view(6, 4, 32)  # rows strided by the whole fused row
+    positions = torch.tensor([0, 5, 17, 100, 200, 255])
+    assert _close(layer(positions, qk), _torch(lambda: layer(positions, qk)), dtype)
+
+
+def test_rope_rejects_a_position_outside_its_table(ops):
+    layer = RotaryEmbedding(32, 16, RopeConfig())
+    with pytest.raises(RuntimeError, match="outside the table"):
+        layer(torch.tensor([16]), torch.randn(1, 2, 32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(ops, dtype):
+    x = torch.randn(4, 2 * 80, generator=torch.Generator().manual_seed(2)).to(dtype)
+    act = SiluAndMul()
+    assert _close(act(x), _torch(lambda: act(x)), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_writes_what_index_copy_writes(ops, dtype):
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(4, 2 * 2 * 16, generator=g).to(dtype)  # [T, (K | V) x KVH x D], rows strided
+    k, v = kv[:, :32].view(4, 2, 16), kv[:, 32:].view(4, 2, 16)
+    slots = torch.tensor([7, 2, 30, 11])
+    cache, expected = (torch.zeros(2, 2, 32, 16, dtype=dtype) for _ in range(2))
+    store_kv(k, v, cache, slots)
+    _torch(lambda: store_kv(k, v, expected, slots))
+    assert torch.equal(cache, expected)
+
+
+def _attention_case(dtype, seq_lens, q, seed=4):
+    """A cache with scattered slots; returns (queries [B * Q, H, D], cache, kv_slots [B, S], seq_lens)."""
+    g = torch.Generator().manual_seed(seed)
+    heads, kv_heads, d, num_slots = 6, 2, 16, 256
+    cache = torch.randn(2, kv_heads, num_slots, d, generator=g).to(dtype)
+    s = max(seq_lens)
+    kv_slots = torch.stack([torch.randperm(num_slots, generator=g)[:s] for _ in seq_lens])  # [B, S]
+    queries = torch.randn(len(seq_lens) * q, heads, d, generator=g).to(dtype)
+    return queries, cache, kv_slots, torch.tensor(seq_lens)
+
+
+def _reference(queries, cache, kv_slots, seq_lens, q, scale):
+    b, s = kv_slots.shape
+    kv = cache[:, :, kv_slots.view(-1)].view(2, cache.shape[1], b, s, -1)  # [2, KVH, B, S, D]
+    key = torch.arange(s)
+    mask = key < (seq_lens - q)[:, None, None] + torch.arange(q)[None, :, None] + 1  # [B, Q, S]
+    out = head_major_attention(queries.view(b, q, *queries.shape[1:]), kv[0], kv[1], mask.unsqueeze(1), scale)
+    return out.reshape(queries.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q", [1, 5])
+def test_paged_attention_matches_the_torch_path(ops, dtype, q):
+    queries, cache, kv_slots, seq_lens = _attention_case(dtype, [9, 40, 23], q)
+    out = ops.paged_attention(queries, cache, kv_slots, seq_lens, q, 0.25)
+    assert out.dtype == dtype and _close(out, _reference(queries, cache, kv_slots, seq_lens, q, 0.25), dtype)
+
+
+def test_a_query_gets_the_same_bits_alone_in_a_batch_in_a_verify_and_on_two_threads(ops):
+    queries, cache, kv_slots, seq_lens = _attention_case(torch.float32, [12, 30], 4)
+    batch = ops.paged_attention(queries, cache, kv_slots, seq_lens, 4, 0.25)  # [8, H, D]
+    alone = ops.paged_attention(queries[4:8], cache, kv_slots[1:], seq_lens[1:], 4, 0.25)
+    as_decode = ops.paged_attention(queries[7:8], cache, kv_slots[1:], seq_lens[1:], 1, 0.25)  # the last query
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = ops.paged_attention(queries, cache, kv_slots, seq_lens, 4, 0.25)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(batch[4:8], alone) and torch.equal(batch[7:8], as_decode) and torch.equal(batch, two)
+
+
+def test_a_planted_off_by_one_in_the_causal_bound_is_caught(ops):
+    """Letting each query see one key fewer (seq_len - 1) fails the comparison with the torch path."""
+    queries, cache, kv_slots, seq_lens = _attention_case(torch.float32, [9, 40], 3)
+    wrong = ops.paged_attention(queries, cache, kv_slots, seq_lens - 1, 3, 0.25)
+    assert not _close(wrong, _reference(queries, cache, kv_slots, seq_lens, 3, 0.25), torch.float32)
+
+
+def test_paged_attention_rejects_bad_inputs(ops):
+    queries, cache, kv_slots, seq_lens = _attention_case(torch.float32, [9], 2)
+    with pytest.raises(RuntimeError, match="seq_len"):
+        ops.paged_attention(queries, cache, kv_slots, torch.tensor([10]), 2, 0.25)  # more keys than slots given
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ops.paged_attention(queries, cache, kv_slots + 1000, seq_lens, 2, 0.25)
