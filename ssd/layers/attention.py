@@ -10,6 +10,7 @@ compiled graph holds the linears, norms and RoPE, and attention reads the forwar
 
 import itertools
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,10 @@ from torch import nn
 
 from ssd.context import get_forward_context
 from ssd.layers import cpu_kernels
-from ssd.layers.attention_backend import KEY_BUCKET, PaddedBatch, bucketed
+from ssd.layers.attention_backend import KEY_BUCKET, FewQueries, PaddedBatch, bucketed
+
+if TYPE_CHECKING:
+    from ssd.layers.rotary import RotaryEmbedding
 
 __all__ = ["KEY_BUCKET", "Attention", "bucketed", "paged_attention", "store_kv"]
 
@@ -122,6 +126,22 @@ class Attention(nn.Module):
         store_kv(k, v, self.kv_cache, ctx.slot_mapping)
         out = ctx.backend.attend(q, self.kv_cache, ctx, self.scale).reshape(num_tokens, -1)  # [T, H*D]
         return out if rows == num_tokens else F.pad(out, (0, 0, 0, rows - num_tokens))
+
+    def rope_attend(self, positions: torch.Tensor, qkv: torch.Tensor, rope: "RotaryEmbedding") -> torch.Tensor | None:
+        """RoPE, store and attend from the fused projection qkv [T, (H + 2 KVH) D] in one call of the CPU layer op,
+        where the forward is few alike queries per sequence (the cpu backend's FewQueries) -> [T, H D]; None
+        elsewhere (the caller applies `rope` and calls this layer)."""
+        if torch.compiler.is_compiling():
+            return None
+        ctx = get_forward_context()
+        ops = cpu_kernels.layer_ops_for(qkv)
+        if (ops is None or not isinstance(ctx.attn_metadata, FewQueries) or qkv.shape[0] != ctx.num_tokens
+                or qkv.stride(1) != 1 or qkv.dtype != self.kv_cache.dtype or positions.dtype != torch.int64
+                or self.head_dim % 8 or rope.cos.device.type != "cpu"):
+            return None
+        meta = ctx.attn_metadata
+        return ops.rope_attention(qkv, positions, rope.cos, rope.sin, self.kv_cache, ctx.slot_mapping, meta.kv_slots,
+                                  meta.seq_lens, meta.num_queries, self.num_heads, self.num_kv_heads, self.scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():

@@ -13,6 +13,7 @@ Where the extension cannot be built, one warning is logged and the caller keeps 
 """
 
 import time
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
 
@@ -79,6 +80,15 @@ def int4_matmul(x: torch.Tensor, blocks: torch.Tensor, mins: torch.Tensor, is_in
     if torch.compiler.is_compiling():
         return torch.ops.ssd.int4_gemm(x, blocks, mins, path)
     return ext.int4_gemm(x, blocks, mins, path)
+
+
+def int4_call(blocks: torch.Tensor, mins: torch.Tensor, dtype: torch.dtype,
+              is_int8_activations: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`int4_matmul` for eager calls on x of `dtype`, with the extension and path looked up once."""
+    ext = extension()
+    assert ext is not None, "the own int4 kernel runs only where it built"
+    gemm, path = ext.int4_gemm, path_for(ext, dtype, is_int8_activations)
+    return lambda x: gemm(x, blocks, mins, path)
 
 
 @torch.library.custom_op("ssd::int4_gemm", mutates_args=())

@@ -10,6 +10,7 @@ their int4 convention are in ssd/quantized_weights.py.
 """
 
 import enum
+from collections.abc import Callable
 
 import structlog
 import torch
@@ -53,8 +54,18 @@ class Int4Matmul(nn.Module):
         own = _own_layout(weight) if device.type == "cpu" else None
         self.register_buffer("own_blocks", None if own is None else own[0], persistent=False)  # [N / 4, K / 64, 144]
         self.register_buffer("own_mins", None if own is None else own[1], persistent=False)  # [N, K / 32] fp16 bits
+        self._own_calls: dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor] | None] = {}  # eager, per dtype
         self.kernel_choice = Int4Kernel.AUTO
         self._repack()
+
+    @property
+    def kernel_choice(self) -> Int4Kernel:
+        return self._kernel_choice
+
+    @kernel_choice.setter
+    def kernel_choice(self, choice: Int4Kernel) -> None:
+        self._kernel_choice = choice
+        self._own_calls.clear()
 
     @property
     def has_own_kernel(self) -> bool:
@@ -69,6 +80,7 @@ class Int4Matmul(nn.Module):
 
     def _repack(self) -> None:
         self.packed = _int4_kernel_layout(self.codes, self.scales_and_zeros.dtype)  # None: no kernel here
+        self._own_calls.clear()
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def] - nn.Module's own signature
         super()._apply(fn, recurse)
@@ -76,11 +88,23 @@ class Int4Matmul(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        if x.shape[0] <= cpu_kernels.MAX_ROWS and self.runs_own_kernel(x.dtype):
-            return self.own_kernel(x)
+        if x.shape[0] <= cpu_kernels.MAX_ROWS:
+            if not torch.compiler.is_compiling():  # eager: the kernel call for this dtype, looked up once
+                if x.dtype not in self._own_calls:
+                    self._own_calls[x.dtype] = self._own_call(x.dtype)
+                call = self._own_calls[x.dtype]
+                if call is not None:
+                    return call(x)
+            elif self.runs_own_kernel(x.dtype):
+                return self.own_kernel(x)
         if self.packed is None or x.dtype != self.scales_and_zeros.dtype or x.dtype == torch.float32:
             return self.reference(x)
         return self.kernel(x)
+
+    def _own_call(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if not self.runs_own_kernel(dtype):
+            return None
+        return cpu_kernels.int4_call(self.own_blocks, self.own_mins, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         return cpu_kernels.int4_matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)

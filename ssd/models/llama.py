@@ -28,6 +28,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, config.attention_bias)
         self.rotary_emb = get_rope(d, config.max_position_embeddings, config.rope)
         self.attn = Attention(self.num_heads, self.num_kv_heads, d, d**-0.5)
+        # Without per-head q/k norms, RoPE, the K/V store and attention may run as one call (Attention.rope_attend).
+        self.fuses_rope = type(self).normalize_qk is LlamaAttention.normalize_qk
 
     def normalize_qk(self, qk: torch.Tensor) -> torch.Tensor:
         """Hook for per-head q/k norms (Qwen3) over qk [T, H+KVH, D]; Llama has none."""
@@ -37,6 +39,9 @@ class LlamaAttention(nn.Module):
         num_tokens = x.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x)  # [T, (H + 2*KVH) * D]
+        fused = self.attn.rope_attend(positions, qkv, self.rotary_emb) if self.fuses_rope else None
+        if fused is not None:
+            return self.o_proj(fused)
         qk_size = (heads + kv_heads) * self.head_dim
         qk = qkv[:, :qk_size].reshape(num_tokens, heads + kv_heads, self.head_dim)  # q and k are adjacent
         qk = self.rotary_emb(positions, self.normalize_qk(qk))  # one RoPE call for both

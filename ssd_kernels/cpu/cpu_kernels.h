@@ -49,5 +49,9 @@ torch::Tensor silu_mul(const torch::Tensor& x);
 void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kv_cache, const torch::Tensor& slots);
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_cache, const torch::Tensor& kv_slots,
                               const torch::Tensor& seq_lens, int64_t num_queries, double scale);
+torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos,
+                             const torch::Tensor& sin, torch::Tensor& kv_cache, const torch::Tensor& slots,
+                             const torch::Tensor& kv_slots, const torch::Tensor& seq_lens, int64_t num_queries,
+                             int64_t num_heads, int64_t num_kv_heads, double scale);
 
 }  // namespace ssd_cpu

@@ -280,4 +280,22 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_ca
   return out;
 }
 
+// The attention of a Llama layer from its fused projection row: RoPE on q and k, k and v stored in their slots,
+// then `paged_attention` (the same arithmetic as `rope`, `store_kv` and `paged_attention` called one by one).
+// qkv [T, (H + 2 KVH) D] (rows may be strided), positions [T] int64 -> [T, H D].
+torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos,
+                             const torch::Tensor& sin, torch::Tensor& kv_cache, const torch::Tensor& slots,
+                             const torch::Tensor& kv_slots, const torch::Tensor& seq_lens, int64_t num_queries,
+                             int64_t num_heads, int64_t num_kv_heads, double scale) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && kv_cache.dim() == 4 &&
+              qkv.size(1) == (num_heads + 2 * num_kv_heads) * kv_cache.size(3),
+              "rope_attention: qkv [T, (H + 2 KVH) D], kv_cache [2, KVH, slots, D]");
+  const int64_t T = qkv.size(0), D = kv_cache.size(3);
+  const torch::Tensor q = qkv.narrow(1, 0, num_heads * D).view({T, num_heads, D});
+  const torch::Tensor k = qkv.narrow(1, num_heads * D, num_kv_heads * D).view({T, num_kv_heads, D});
+  const torch::Tensor v = qkv.narrow(1, (num_heads + num_kv_heads) * D, num_kv_heads * D).view({T, num_kv_heads, D});
+  store_kv(rope(k, positions, cos, sin), v, kv_cache, slots);
+  return paged_attention(rope(q, positions, cos, sin), kv_cache, kv_slots, seq_lens, num_queries, scale).view({T, -1});
+}
+
 }  // namespace ssd_cpu

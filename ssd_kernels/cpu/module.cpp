@@ -23,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &ssd_cpu::silu_mul, "silu(x[:, :I]) * x[:, I:]");
   m.def("store_kv", &ssd_cpu::store_kv, "write the new keys and values into their cache slots");
   m.def("paged_attention", &ssd_cpu::paged_attention, "causal attention of the last Q queries of each sequence");
+  m.def("rope_attention", &ssd_cpu::rope_attention, "RoPE, store K/V and paged attention from a fused qkv row");
   m.def("supported_paths", &ssd_cpu::supported_paths,
         "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI");
 }

@@ -141,3 +141,25 @@ def test_paged_attention_rejects_bad_inputs(ops):
         ops.paged_attention(queries, cache, kv_slots, torch.tensor([10]), 2, 0.25)  # more keys than slots given
     with pytest.raises(RuntimeError, match="outside the cache"):
         ops.paged_attention(queries, cache, kv_slots + 1000, seq_lens, 2, 0.25)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_attention_is_rope_store_and_attention_one_by_one(ops, dtype):
+    """The fused call from a projection row gives the bits of the three ops called in turn, cache included."""
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, d, q = 4, 2, 16, 3
+    layer = RotaryEmbedding(d, 64, RopeConfig())
+    seq_lens = torch.tensor([7, 12])
+    _, cache, kv_slots, _ = _attention_case(dtype, seq_lens.tolist(), q)
+    cache = cache[:, :kv_heads].contiguous()
+    qkv = torch.randn(2 * q, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    positions = torch.cat([torch.arange(n - q, n) for n in seq_lens.tolist()])
+    slots = torch.cat([kv_slots[b, n - q : n] for b, n in enumerate(seq_lens.tolist())])
+    fused_cache, split_cache = cache.clone(), cache.clone()
+    fused = ops.rope_attention(qkv, positions, layer.cos, layer.sin, fused_cache, slots, kv_slots, seq_lens, q,
+                               heads, kv_heads, 0.25)
+    roped_q = ops.rope(qkv[:, : heads * d].view(-1, heads, d), positions, layer.cos, layer.sin)
+    roped_k = ops.rope(qkv[:, heads * d : (heads + kv_heads) * d].view(-1, kv_heads, d), positions, layer.cos, layer.sin)
+    ops.store_kv(roped_k, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d), split_cache, slots)
+    split = ops.paged_attention(roped_q, split_cache, kv_slots, seq_lens, q, 0.25).view(2 * q, -1)
+    assert torch.equal(fused, split) and torch.equal(fused_cache, split_cache)
