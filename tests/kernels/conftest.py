@@ -8,6 +8,9 @@ import os
 import pytest
 import torch
 
+from ssd.paths import cache_root
+from ssd_kernels.cpu import extension as own_ext
+
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
@@ -16,3 +19,12 @@ def device() -> torch.device:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.fail("no GPU and TRITON_INTERPRET is not 1: the Triton kernels cannot run")
     return torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def ext():
+    """The project's C++ CPU kernels, built once (cached under the project's cache folder, like the engine's)."""
+    try:
+        return own_ext.load_extension(cache_root() / "kernels")
+    except own_ext.KernelBuildError as e:
+        pytest.fail(f"the CPU kernels do not build here: {e}")

@@ -5,9 +5,9 @@ under the project's cache folder, like the engine's own build); a path the CPU l
 import pytest
 import torch
 
-from ssd.paths import cache_root
 from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import int4_gemm as own
+from tests.kernels.cpu_kernel_checks import relative_error, require_path
 
 PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512, "vnni-avx512": own_ext.VNNI_AVX512}
 # Relative to max |reference|. float32: the same products, summed in another order. bfloat16: the output's rounding.
@@ -15,13 +15,6 @@ PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512,
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 VNNI_VS_FLOAT = 3e-2
 
-
-@pytest.fixture(scope="module")
-def ext():
-    try:
-        return own_ext.load_extension(cache_root() / "kernels")
-    except own_ext.KernelBuildError as e:
-        pytest.fail(f"the int4 CPU kernel does not build here: {e}")
 
 
 def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -33,15 +26,6 @@ def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, 
     return q, d, m
 
 
-def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-
-
-def _path(ext, name: str) -> int:
-    path = PATHS[name]
-    if path not in own_ext.supported_paths(ext):
-        pytest.skip(f"this CPU does not run the {name} path")
-    return path
 
 
 def test_the_layout_round_trips():
@@ -54,19 +38,19 @@ def test_the_layout_round_trips():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 5, 16])
 def test_each_path_matches_its_reference(ext, name, dtype, rows):
-    path = _path(ext, name)
+    path = require_path(ext, PATHS, name)
     blocks, mins = own.pack_q32(*_weight(68, 192))  # N not a multiple of 16, K: 3 pairs of groups
     x = torch.randn(rows, 192, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = own.int4_gemm(ext, x, blocks, mins, path)
     assert y.dtype == dtype and y.shape == (rows, 68)
-    assert _relative_error(y, own.int4_gemm_reference(x, blocks, mins, path)) < TOLERANCE[dtype]
+    assert relative_error(y, own.int4_gemm_reference(x, blocks, mins, path)) < TOLERANCE[dtype]
     if path == own_ext.VNNI_AVX512:
-        assert _relative_error(y, own.int4_gemm_reference(x, blocks, mins)) < VNNI_VS_FLOAT
+        assert relative_error(y, own.int4_gemm_reference(x, blocks, mins)) < VNNI_VS_FLOAT
 
 
 @pytest.mark.parametrize("name", PATHS)
 def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name):
-    path = _path(ext, name)
+    path = require_path(ext, PATHS, name)
     blocks, mins = own.pack_q32(*_weight(256, 128))
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2)).bfloat16()
     batch = own.int4_gemm(ext, x, blocks, mins, path)
@@ -88,7 +72,7 @@ def test_a_planted_nibble_order_bug_is_caught(ext):
     swapped, _ = own.pack_q32(torch.stack([halves[:, :, 1], halves[:, :, 0]], 2).view(16, 64), d, m)
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
     path = own_ext.supported_paths(ext)[-1]
-    assert _relative_error(own.int4_gemm(ext, x, swapped, mins, path), own.int4_gemm_reference(x, blocks, mins)) > 0.1
+    assert relative_error(own.int4_gemm(ext, x, swapped, mins, path), own.int4_gemm_reference(x, blocks, mins)) > 0.1
 
 
 def test_mismatched_shapes_are_rejected(ext):

@@ -5,22 +5,15 @@ batch and thread invariance, the weight layout, and a planted layout bug. The ex
 import pytest
 import torch
 
-from ssd.paths import cache_root
 from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import q8_gemm
+from tests.kernels.cpu_kernel_checks import relative_error, require_path
 
 PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512}
 # Relative to max |reference|. float32: the same products (q * d is exact), summed in another order.
 # bfloat16: the output's rounding.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
-
-@pytest.fixture(scope="module")
-def ext():
-    try:
-        return own_ext.load_extension(cache_root() / "kernels")
-    except own_ext.KernelBuildError as e:
-        pytest.fail(f"the CPU kernels do not build here: {e}")
 
 
 def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,15 +24,6 @@ def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return q, d
 
 
-def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-
-
-def _path(ext, name: str) -> int:
-    path = PATHS[name]
-    if path not in own_ext.supported_paths(ext):
-        pytest.skip(f"this CPU does not run the {name} path")
-    return path
 
 
 def test_the_layout_round_trips_and_dequantizes_exactly():
@@ -54,17 +38,17 @@ def test_the_layout_round_trips_and_dequantizes_exactly():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 5, 16])
 def test_each_path_matches_its_reference(ext, name, dtype, rows):
-    path = _path(ext, name)
+    path = require_path(ext, PATHS, name)
     blocks = q8_gemm.pack_q8(*_weight(68, 96))  # N not a multiple of 16, K: 3 groups
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = q8_gemm.q8_gemm(ext, x, blocks, path)
     assert y.dtype == dtype and y.shape == (rows, 68)
-    assert _relative_error(y, q8_gemm.q8_gemm_reference(x, blocks)) < TOLERANCE[dtype]
+    assert relative_error(y, q8_gemm.q8_gemm_reference(x, blocks)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("name", PATHS)
 def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name):
-    path = _path(ext, name)
+    path = require_path(ext, PATHS, name)
     blocks = q8_gemm.pack_q8(*_weight(256, 128))
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2))
     batch = q8_gemm.q8_gemm(ext, x, blocks, path)
@@ -86,7 +70,7 @@ def test_a_planted_tile_order_bug_is_caught(ext):
     swapped = q8_gemm.pack_q8(q[order], d)
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
     path = own_ext.supported_paths(ext)[0]
-    assert _relative_error(q8_gemm.q8_gemm(ext, x, swapped, path), q8_gemm.q8_gemm_reference(x, blocks)) > 0.1
+    assert relative_error(q8_gemm.q8_gemm(ext, x, swapped, path), q8_gemm.q8_gemm_reference(x, blocks)) > 0.1
 
 
 def test_mismatched_shapes_are_rejected(ext):
