@@ -123,9 +123,11 @@ class CpuBackend:
         self.fallback = TorchBackend()
 
     def prepare(self, ctx: ForwardContext) -> FewQueries | PaddedBatch:
+        from ssd.layers import cpu_kernels
         from ssd.layers.attention import MAX_MATMUL_QUERIES
 
-        if not ctx.is_uniform or ctx.tree_mask is not None or ctx.max_query_len > MAX_MATMUL_QUERIES:
+        if (not ctx.is_uniform or ctx.tree_mask is not None or ctx.max_query_len > MAX_MATMUL_QUERIES
+                or not cpu_kernels.layer_ops_enabled()):
             return self.fallback.prepare(ctx)
         bs = ctx.block_size
         key = torch.arange(ctx.max_seq_len, device=ctx.seq_lens.device)  # [S]
@@ -139,7 +141,7 @@ class CpuBackend:
         meta = ctx.attn_metadata
         ops = cpu_kernels.layer_ops_for(q)
         if not isinstance(meta, FewQueries) or ops is None or q.shape[-1] % 8:
-            if isinstance(meta, FewQueries):  # the layer ops were turned off after prepare: the torch path
+            if isinstance(meta, FewQueries):  # a dtype or head size the op does not take: the torch path
                 ctx = dataclasses.replace(ctx, attn_metadata=self.fallback.prepare(ctx))
             return self.fallback.attend(q, kv_cache, ctx, scale)
         return ops.paged_attention(q.contiguous(), kv_cache, meta.kv_slots, meta.seq_lens, meta.num_queries, scale)

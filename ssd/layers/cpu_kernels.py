@@ -140,6 +140,10 @@ def set_layer_ops(enabled: bool) -> None:
     _layer_ops["enabled"] = enabled
 
 
+def layer_ops_enabled() -> bool:
+    return _layer_ops["enabled"]
+
+
 def layer_ops_for(x: torch.Tensor) -> ModuleType | None:
     """The extension, where the fused layer ops serve `x` (an eager float32 / bfloat16 CPU tensor); else None."""
     if not _layer_ops["enabled"] or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
