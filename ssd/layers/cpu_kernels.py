@@ -144,9 +144,12 @@ def layer_ops_enabled() -> bool:
     return _layer_ops["enabled"]
 
 
-def layer_ops_for(x: torch.Tensor) -> ModuleType | None:
-    """The extension, where the fused layer ops serve `x` (an eager float32 / bfloat16 CPU tensor); else None."""
+def layer_ops_for(x: torch.Tensor, *params: torch.Tensor) -> ModuleType | None:
+    """The extension, where the fused layer ops serve `x` (an eager float32 / bfloat16 CPU tensor) and the layer's
+    `params`; else None. The ops have no backward: where autograd records (training a draft), torch's ops run."""
     if not _layer_ops["enabled"] or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
         return None
     if torch.compiler.is_compiling():  # a graph keeps torch's ops, which inductor fuses itself
         return None

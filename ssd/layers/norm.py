@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
-        ops = cpu_kernels.layer_ops_for(x)
+        ops = cpu_kernels.layer_ops_for(x, self.weight, *(() if residual is None else (residual,)))
         if ops is not None and x.dim() == 2 and self.weight.dtype == x.dtype:
             outs = ops.rms_norm(x.contiguous(), None if residual is None else residual.contiguous(), self.weight,
                                 self.eps)

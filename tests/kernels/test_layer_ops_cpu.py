@@ -163,3 +163,24 @@ def test_rope_attention_is_rope_store_and_attention_one_by_one(ops, dtype):
     ops.store_kv(roped_k, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d), split_cache, slots)
     split = ops.paged_attention(roped_q, split_cache, kv_slots, seq_lens, q, 0.25).view(2 * q, -1)
     assert torch.equal(fused, split) and torch.equal(fused_cache, split_cache)
+
+
+def test_where_autograd_records_the_layers_keep_torchs_ops_and_their_gradients(ops):
+    """Training a draft (grad mode, a trainable norm weight or an input that needs grad): the ops have no backward,
+    so the layers run torch's; the gradients equal those of the torch path."""
+    g = torch.Generator().manual_seed(6)
+    norm = RMSNorm(64, 1e-5)
+    norm.weight.requires_grad_(True)
+    x = torch.randn(3, 2 * 64, generator=g, requires_grad=True)
+    layer = RotaryEmbedding(16, 32, RopeConfig())
+
+    def loss() -> torch.Tensor:
+        hidden = SiluAndMul()(x)  # [3, 64]
+        roped = layer(torch.tensor([1, 2, 3]), norm(hidden).view(3, 4, 16))
+        return roped.square().sum()
+
+    loss().backward()
+    grads = (x.grad.clone(), norm.weight.grad.clone())
+    x.grad, norm.weight.grad = None, None
+    _torch(lambda: loss().backward())
+    assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], norm.weight.grad)
