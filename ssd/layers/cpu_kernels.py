@@ -27,14 +27,15 @@ from ssd_kernels.cpu import q8_gemm
 
 log = structlog.get_logger(__name__)
 
-# The most rows of x it serves: it re-reads the weight for every 4 rows, so a prefill is left to torch's GEMMs.
-# Decode steps, verifies of K + 1 <= 16 positions and trees of up to 16 nodes per sequence stay on it.
+# The most rows of x the int4 and Q8_0 kernels serve: they re-read the weight for every 4 rows, so a prefill is left
+# to torch's GEMMs.
+# Decode steps, verifies of K + 1 <= 16 positions and trees of up to 16 nodes in all stay on them.
 MAX_ROWS = 16
 
 
 @cache
 def extension() -> ModuleType | None:
-    """The compiled kernel, or None (logged once) where it cannot be built or this CPU runs none of its paths."""
+    """The compiled kernels, or None (logged once) where they cannot be built or this CPU runs none of their paths."""
     started = time.perf_counter()
     log.info("loading the project's CPU kernels (the first start on a machine compiles them: 1-3 minutes)")
     try:
