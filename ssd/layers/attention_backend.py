@@ -52,6 +52,13 @@ class AttentionBackend(Protocol):
         """q [T, H, D], kv_cache [2, KVH, num_slots, D] (new K/V already stored) -> [T, H, D]."""
 
 
+def key_slots(ctx: ForwardContext, key: torch.Tensor) -> torch.Tensor:
+    """[B, S] int64: the KV slot of key position key[s] of every sequence (past a sequence's blocks: its last)."""
+    bs = ctx.block_size
+    block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
+    return ctx.block_tables[:, block].to(torch.int64) * bs + key % bs
+
+
 @dataclass(frozen=True)
 class PaddedBatch:
     """The torch path's view of a forward: queries padded to [B, Q], keys gathered to [B, S], a dense mask."""
@@ -65,11 +72,10 @@ class PaddedBatch:
 
 def padded_batch(ctx: ForwardContext) -> PaddedBatch:
     """Build the torch path's gather indices and mask from the kernel fields, with tensor ops on the device."""
-    dev, bs = ctx.seq_lens.device, ctx.block_size
+    dev = ctx.seq_lens.device
     num_seqs, num_q, num_keys = ctx.seq_lens.numel(), ctx.max_query_len, bucketed(ctx.max_seq_len)
     key = torch.arange(num_keys, device=dev)  # [S]
-    block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
-    kv_slots = ctx.block_tables[:, block].to(torch.int64) * bs + key % bs  # [B, S]
+    kv_slots = key_slots(ctx, key)  # [B, S]
     seq_lens = ctx.seq_lens.to(torch.int64)
     col = torch.arange(num_q, device=dev)  # [Q]
     if ctx.is_uniform and ctx.tree_mask is None:  # decode / equal verify: no padding rows, a few ops fewer
@@ -129,10 +135,7 @@ class CpuBackend:
         if (not ctx.is_uniform or ctx.tree_mask is not None or ctx.max_query_len > MAX_MATMUL_QUERIES
                 or not cpu_kernels.layer_ops_enabled()):
             return self.fallback.prepare(ctx)
-        bs = ctx.block_size
-        key = torch.arange(ctx.max_seq_len, device=ctx.seq_lens.device)  # [S]
-        block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
-        kv_slots = ctx.block_tables[:, block].to(torch.int64) * bs + key % bs  # [B, S]
+        kv_slots = key_slots(ctx, torch.arange(ctx.max_seq_len, device=ctx.seq_lens.device))  # [B, S]
         return FewQueries(kv_slots.contiguous(), ctx.seq_lens.to(torch.int64).contiguous(), ctx.max_query_len)
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
