@@ -31,6 +31,6 @@ def load_quantized_model(folder: Path, dtype: torch.dtype,
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, folder, shared_tensors(folder, config.raw))
-    quantize_model(model, folder, scheme, dtype)
+    scheme = quantize_model(model, folder, scheme, dtype)  # as applied
     model.eval()
     return model, config, scheme

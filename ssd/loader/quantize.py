@@ -10,6 +10,7 @@ then the head also reads those 8-bit blocks on CPU (ParallelLMHead.use_q8).
 A tensor-parallel rank quantizes (or loads) only its shard; int4 groups never cross a shard boundary.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +72,12 @@ def resolve_quantization(requested: str, folder: Path) -> QuantizationScheme:
     return QuantizationScheme("int4", size or DEFAULT_GROUP_SIZE)
 
 
-def quantize_model(model: nn.Module, folder: Path, scheme: QuantizationScheme, dtype: torch.dtype) -> int:
-    """Swap every decoder linear of `model` (loaded, on CPU) to `scheme`'s weights; returns how many."""
+def quantize_model(model: nn.Module, folder: Path, scheme: QuantizationScheme,
+                   dtype: torch.dtype) -> QuantizationScheme:
+    """Swap every decoder linear of `model` (loaded, on CPU) to `scheme`'s weights; returns the scheme as applied
+    (without its Q8_0 head where the head could not use it)."""
     if scheme.method == "none":
-        return 0
+        return scheme
     own = load_int4_cache(folder) if scheme.is_own else {}
     count = 0
     for name, module in quantizable_linears(model):
@@ -88,17 +91,19 @@ def quantize_model(model: nn.Module, folder: Path, scheme: QuantizationScheme, d
             matmul = Int8Matmul(quantize_int8(module.weight), dtype, device)
         module.use_quantized(matmul)
         count += 1
+    if scheme.has_q8_head and not _use_q8_head(model, folder):
+        scheme = dataclasses.replace(scheme, has_q8_head=False)
     log.info("quantized linear layers", quantization=scheme.describe(), num_linears=count)
-    if scheme.has_q8_head:
-        _use_q8_head(model, folder)
-    return count
+    return scheme
 
 
-def _use_q8_head(model: nn.Module, folder: Path) -> None:
+def _use_q8_head(model: nn.Module, folder: Path) -> bool:
     head = load_q8_head(folder)
     lm_head = getattr(model, "lm_head", None)
-    if head is not None and isinstance(lm_head, ParallelLMHead) and lm_head.use_q8(head):
+    used = head is not None and isinstance(lm_head, ParallelLMHead) and lm_head.use_q8(head)
+    if used:
         log.info("LM head reads the checkpoint's q8_0 blocks for few-row forwards", shape=list(head.codes.shape))
+    return used
 
 
 def _group_for(module: nn.Module, name: str, scheme: QuantizationScheme) -> int:

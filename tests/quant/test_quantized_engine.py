@@ -189,3 +189,14 @@ def test_greedy_speculation_equals_ar_on_the_own_cpu_kernels(models, tmp_path, w
     llm = _llm(folder, "auto", spec)
     assert _greedy(llm, batch) == _greedy(ar, batch)
     assert llm.engine.speculative_decoder.counters.num_drafts > 0
+
+
+def test_a_q8_head_that_is_not_the_float_heads_is_refused_and_not_reported(models, tmp_path):
+    """A Q8_0 head cache whose values differ from the float head: the head stays float, and the scheme as applied
+    (TargetInfo, the ready log) does not claim the Q8_0 head."""
+    folder = _copy_with_int4_cache(models[0], tmp_path)
+    save_q8_head(folder, quantize_q8_0(dict(iter_tensors(folder))["lm_head.weight"]), source="test")  # rounded
+    llm = _llm(folder, "auto")
+    assert llm.engine.worker.model.lm_head.q8_blocks is None
+    assert not llm.engine.worker.quantization.has_q8_head
+    assert "q8_0" not in llm.engine.worker.quantization.describe()
