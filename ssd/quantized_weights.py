@@ -88,11 +88,12 @@ def pack_int4_codes(q: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:
-    """Asymmetric min/max int4 of weight [N, K] in groups of `group_size` input features (like GGUF Q4_1)."""
+    """Asymmetric min/max int4 of weight [N, K] in groups of `group_size` input features, as GGUF Q4_1 does it:
+    each group's scale and minimum are fp16 values, so the project's CPU int4 kernel holds them exactly."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // group_size, group_size)  # [N, G, g]
-    low, high = groups.amin(-1), groups.amax(-1)  # [N, G]
-    scales = (high - low) / 15
+    low, high = groups.amin(-1).half().float(), groups.amax(-1)  # [N, G]
+    scales = ((high - low) / 15).half().float()
     q = ((groups - low[..., None]) / scales.clamp_min(1e-30)[..., None]).round().clamp(0, 15)  # [N, G, g]
     return Int4Weight(pack_int4_codes(q.reshape(n, k)), scales, low + 8 * scales)
 

@@ -8,10 +8,12 @@ int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path whe
 int8 in groups of 32, as llama.cpp does). Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path only; ParallelLMHead uses it.
 Layer ops (`layer_ops_for`): RMSNorm, RoPE, SiLU-and-multiply and few-query attention, one call each in place of
-3-20 torch ops; ssd/layers/norm.py, rotary.py, activation.py and the "cpu" attention backend use them.
+3-20 torch ops; ssd/layers/norm.py, rotary.py, activation.py and the "cpu" attention backend use them. A whole
+decoder layer runs as one call of them where its linears have a `LinearKind` (ssd/layers/fused_layer.py).
 Where the extension cannot be built, one warning is logged and the caller keeps torch's path.
 """
 
+import enum
 import time
 from collections.abc import Callable
 from functools import cache
@@ -130,6 +132,22 @@ def _q8_gemm_op(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tenso
 @_q8_gemm_op.register_fake
 def _(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0] * q8_gemm.TILE)
+
+
+class LinearKind(enum.IntEnum):
+    """How the fused decoder layer runs a linear layer's matmul (the kinds of ssd_kernels/cpu/cpu_kernels.h)."""
+
+    DENSE = 0  # F.linear on the weight
+    PACKED = 1  # oneDNN's packed weight (torch.ops.mkldnn._linear_pointwise)
+    INT4_OWN = 2  # the own int4 kernel: weight = blocks, aux = mins, param = path
+    INT4_PACK = 3  # torch's CPU int4pack kernel: aux = scales and zeros, param = group size
+    INT8_PACK = 4  # torch's int8pack kernel: aux = scales
+
+
+def linear_op(ext: ModuleType, kind: LinearKind, weight: torch.Tensor, aux: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None, param: int = 0) -> object:
+    """The extension's Linear: x @ w.T (+ bias) by `kind`, as the layer's own matmul computes it."""
+    return ext.Linear(int(kind), weight, aux, bias, param)
 
 
 _layer_ops = {"enabled": True}

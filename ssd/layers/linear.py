@@ -15,6 +15,7 @@ from torch import nn
 
 from ssd.distributed import current_tp, divide
 from ssd.errors import CheckpointError
+from ssd.layers import cpu_kernels
 from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul
 
 log = structlog.get_logger(__name__)
@@ -83,6 +84,25 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
+
+    def cpu_op(self, dtype: torch.dtype, few_rows: bool) -> object | None:
+        """This layer's forward as the CPU extension's Linear, for x of `dtype` with up to (`few_rows`) or more than
+        cpu_kernels.MAX_ROWS rows: the same arithmetic as `forward`. None where it is sharded over ranks (forward
+        reduces across them), runs off the CPU, or dequantizes its weight per call."""
+        ext = cpu_kernels.extension()
+        if ext is None or self.tp.size != 1:
+            return None
+        if self.quantized is None:
+            if self.weight.device.type != "cpu" or self.weight.dtype != dtype:
+                return None
+            if self.packed is not None:
+                return cpu_kernels.linear_op(ext, cpu_kernels.LinearKind.PACKED, self.packed, bias=self.bias)
+            return cpu_kernels.linear_op(ext, cpu_kernels.LinearKind.DENSE, self.weight, bias=self.bias)
+        found = self.quantized.cpu_op(dtype, few_rows)
+        if found is None:
+            return None
+        kind, weight, aux, param = found
+        return cpu_kernels.linear_op(ext, kind, weight, aux, self.bias, param)
 
 
 class ReplicatedLinear(_Linear):

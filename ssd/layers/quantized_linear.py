@@ -106,6 +106,19 @@ class Int4Matmul(nn.Module):
             return None
         return cpu_kernels.int4_call(self.own_blocks, self.own_mins, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
 
+    def cpu_op(self, dtype: torch.dtype, few_rows: bool) -> tuple[cpu_kernels.LinearKind, torch.Tensor, torch.Tensor,
+                                                                   int] | None:
+        """(kind, weight, aux, param) of the fused CPU layer op that computes what `forward` computes for x of
+        `dtype` with up to (`few_rows`) or more than cpu_kernels.MAX_ROWS rows; None where forward dequantizes."""
+        ext = cpu_kernels.extension()
+        if few_rows and ext is not None and self.runs_own_kernel(dtype):
+            path = cpu_kernels.path_for(ext, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
+            return cpu_kernels.LinearKind.INT4_OWN, self.own_blocks, self.own_mins, path
+        if (self.packed is None or dtype != self.scales_and_zeros.dtype or dtype == torch.float32
+                or self.codes.device.type != "cpu"):
+            return None
+        return cpu_kernels.LinearKind.INT4_PACK, self.packed, self.scales_and_zeros, self.group_size
+
     def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         return cpu_kernels.int4_matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
 
@@ -149,6 +162,14 @@ class Int8Matmul(nn.Module):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+
+    def cpu_op(self, dtype: torch.dtype, few_rows: bool) -> tuple[cpu_kernels.LinearKind, torch.Tensor, torch.Tensor,
+                                                                   int] | None:
+        """(kind, weight, aux, param) of the fused CPU layer op computing `forward` for x of `dtype`; None where
+        forward dequantizes."""
+        if not self.has_kernel or dtype != self.scales.dtype or dtype == torch.float32 or self.codes.device.type != "cpu":
+            return None
+        return cpu_kernels.LinearKind.INT8_PACK, self.codes, self.scales, 0
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, (self.codes.float() * self.scales.float()[:, None]).to(x.dtype))

@@ -9,6 +9,7 @@ from torch import nn
 from ssd.layers.activation import SiluAndMul
 from ssd.layers.attention import Attention
 from ssd.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ssd.layers.fused_layer import DecoderParts, FusedDecoderLayer
 from ssd.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
@@ -71,11 +72,20 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # On CPU, decode and verify forwards run the whole layer as one call (ssd/layers/fused_layer.py)
+        self.fused = FusedDecoderLayer() if self.self_attn.fuses_rope else None
+
+    def parts(self) -> DecoderParts:
+        attn = self.self_attn
+        return DecoderParts(self.input_layernorm, attn.qkv_proj, attn.attn, attn.rotary_emb, attn.o_proj,
+                            self.post_attention_layernorm, self.mlp.gate_up_proj, self.mlp.down_proj)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's output delta, residual stream before it); their sum is the stream after."""
+        if self.fused is not None and (out := self.fused(self.parts(), positions, x, residual)) is not None:
+            return out
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:

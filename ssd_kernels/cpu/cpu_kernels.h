@@ -54,4 +54,34 @@ torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& posi
                              const torch::Tensor& kv_slots, const torch::Tensor& seq_lens, int64_t num_queries,
                              int64_t num_heads, int64_t num_kv_heads, double scale);
 
+// y = x @ W.T (+ bias) as a linear layer runs it (decoder_layer.cpp), by kind: at::linear on the weight, oneDNN's
+// packed weight, the own int4 kernel (weight = blocks, aux = mins, param = path), torch's CPU int4pack kernel
+// (aux = scales and zeros, param = group size) or torch's int8pack kernel (aux = scales).
+constexpr int64_t kDense = 0, kPacked = 1, kInt4Own = 2, kInt4Pack = 3, kInt8Pack = 4;
+struct Linear {
+  Linear(int64_t kind, torch::Tensor weight, c10::optional<torch::Tensor> aux, c10::optional<torch::Tensor> bias,
+         int64_t param);
+  torch::Tensor operator()(const torch::Tensor& x) const;
+  int64_t kind;
+  torch::Tensor weight;
+  c10::optional<torch::Tensor> aux, bias;
+  int64_t param;
+};
+
+// A pre-norm Llama decoder layer's weights, run as one call for few causal queries per sequence (decoder_layer.cpp).
+struct DecoderLayer {
+  DecoderLayer(Linear qkv, Linear o, Linear gate_up, Linear down, torch::Tensor input_norm, torch::Tensor post_norm,
+               double eps, torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double scale);
+  std::vector<torch::Tensor> forward(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
+                                     const torch::Tensor& positions, torch::Tensor kv_cache, const torch::Tensor& slots,
+                                     const torch::Tensor& kv_slots, const torch::Tensor& seq_lens,
+                                     int64_t num_queries) const;
+  Linear qkv, o, gate_up, down;
+  torch::Tensor input_norm, post_norm;
+  double eps;
+  torch::Tensor cos, sin;
+  int64_t num_heads, num_kv_heads;
+  double scale;
+};
+
 }  // namespace ssd_cpu

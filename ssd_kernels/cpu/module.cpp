@@ -16,14 +16,27 @@ int64_t supported_paths() {
 }  // namespace ssd_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_gemm", &ssd_cpu::int4_gemm, "y = x @ w.T for a group-32 int4 weight (see int4_gemm.cpp)");
-  m.def("q8_gemm", &ssd_cpu::q8_gemm, "y = x @ w.T for a group-32 int8 weight, GGUF Q8_0 (see q8_gemm.cpp)");
+  namespace py = pybind11;
+  using release_gil = py::call_guard<py::gil_scoped_release>;  // the kernels touch no Python object
+  m.def("int4_gemm", &ssd_cpu::int4_gemm, "y = x @ w.T for a group-32 int4 weight (see int4_gemm.cpp)", release_gil());
+  m.def("q8_gemm", &ssd_cpu::q8_gemm, "y = x @ w.T for a group-32 int8 weight, GGUF Q8_0 (see q8_gemm.cpp)",
+        release_gil());
   m.def("rms_norm", &ssd_cpu::rms_norm, "RMSNorm of x (+ residual): [normed] or [normed, x + residual]");
   m.def("rope", &ssd_cpu::rope, "rotary embedding (rotate-half) of x [T, heads, D] at positions [T]");
   m.def("silu_mul", &ssd_cpu::silu_mul, "silu(x[:, :I]) * x[:, I:]");
   m.def("store_kv", &ssd_cpu::store_kv, "write the new keys and values into their cache slots");
-  m.def("paged_attention", &ssd_cpu::paged_attention, "causal attention of the last Q queries of each sequence");
-  m.def("rope_attention", &ssd_cpu::rope_attention, "RoPE, store K/V and paged attention from a fused qkv row");
+  m.def("paged_attention", &ssd_cpu::paged_attention, "causal attention of the last Q queries of each sequence",
+        release_gil());
+  m.def("rope_attention", &ssd_cpu::rope_attention, "RoPE, store K/V and paged attention from a fused qkv row",
+        release_gil());
+  py::class_<ssd_cpu::Linear>(m, "Linear", "one linear layer's matmul by kind (see cpu_kernels.h)")
+      .def(py::init<int64_t, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t>(),
+           py::arg("kind"), py::arg("weight"), py::arg("aux"), py::arg("bias"), py::arg("param"))
+      .def("__call__", &ssd_cpu::Linear::operator(), release_gil());
+  py::class_<ssd_cpu::DecoderLayer>(m, "DecoderLayer", "a pre-norm Llama decoder layer as one call (decoder_layer.cpp)")
+      .def(py::init<ssd_cpu::Linear, ssd_cpu::Linear, ssd_cpu::Linear, ssd_cpu::Linear, torch::Tensor, torch::Tensor,
+                    double, torch::Tensor, torch::Tensor, int64_t, int64_t, double>())
+      .def("forward", &ssd_cpu::DecoderLayer::forward, release_gil());
   m.def("supported_paths", &ssd_cpu::supported_paths,
         "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI");
 }

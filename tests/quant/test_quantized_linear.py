@@ -144,10 +144,16 @@ def test_gguf_like_int4_on_each_kernel_choice_matches_the_reference(dtype, choic
     assert relative_error(matmul(x), matmul.reference(x)) < tolerance
 
 
-def test_int4_quantized_at_load_keeps_torchs_kernel():
-    """float32 scales are not fp16 values: the own kernel would not compute this weight exactly."""
-    matmul = Int4Matmul(quantize_int4(torch.randn(96, 128), 32), torch.bfloat16, CPU)
-    assert not matmul.has_own_kernel and matmul.packed is not None
+def test_int4_quantized_at_load_runs_the_own_kernel():
+    """quantize_int4 keeps each group's scale and minimum in fp16, as GGUF Q4_1 does, so the own kernel holds the
+    weight exactly; scales that are not fp16 values keep torch's kernel."""
+    weight = quantize_int4(torch.randn(96, 128), 32)
+    matmul = Int4Matmul(weight, torch.bfloat16, CPU)
+    assert matmul.has_own_kernel and matmul.packed is not None
+    x, fp32 = torch.randn(3, 128), Int4Matmul(weight, torch.float32, CPU)
+    assert fp32.runs_own_kernel(torch.float32) and relative_error(fp32(x), fp32.reference(x)) < TOLERANCE[torch.float32]
+    off_fp16 = Int4Weight(weight.codes, weight.scales * (1 + 2**-14), weight.zeros)
+    assert not Int4Matmul(off_fp16, torch.bfloat16, CPU).has_own_kernel
 
 
 def test_a_failed_build_falls_back_to_torchs_kernel_with_one_warning(monkeypatch):

@@ -1,0 +1,102 @@
+"""A whole pre-norm decoder layer as one call of the CPU layer ops, for decode and chain-verify forwards.
+
+A Llama layer runs RMSNorm, the qkv projection, RoPE + the K/V store + attention, the output projection, RMSNorm,
+gate-up, SiLU-and-multiply and down. On a small model at batch 1 the Python between those calls (module dispatch,
+the checks of each layer op) cost about as much as the arithmetic. `FusedDecoderLayer` hands the layer's weights to
+the extension's DecoderLayer once (ssd_kernels/cpu/decoder_layer.cpp), which calls the same functions in the same
+order, so the result is the same bits as the layer's own forward with the layer ops on. It serves what the cpu
+attention backend's FewQueries serves; every other forward (prefill, trees, compiled graphs, training, ranks
+> 1, a linear that dequantizes per call) returns None and the layer runs op by op.
+"""
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from ssd.context import get_forward_context
+from ssd.layers import cpu_kernels
+from ssd.layers.attention_backend import FewQueries
+
+if TYPE_CHECKING:
+    from ssd.layers.attention import Attention
+    from ssd.layers.linear import _Linear
+    from ssd.layers.norm import RMSNorm
+    from ssd.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class DecoderParts:
+    """The modules of a pre-norm decoder layer whose weights the fused call reads."""
+
+    input_norm: "RMSNorm"
+    qkv: "_Linear"
+    attn: "Attention"
+    rope: "RotaryEmbedding"
+    o: "_Linear"
+    post_norm: "RMSNorm"
+    gate_up: "_Linear"
+    down: "_Linear"
+
+    def weights(self) -> tuple[object, ...]:
+        """Every object the fused call was built from: when one is replaced (quantized, moved), it is built again."""
+        linears = (self.qkv, self.o, self.gate_up, self.down)
+        return (self.input_norm.weight, self.post_norm.weight, self.rope.cos,
+                *(getattr(m, name) for m in linears for name in ("weight", "packed", "quantized", "bias")))
+
+
+class FusedDecoderLayer:
+    """The extension's DecoderLayer for one layer's parts, built on first use for each activation dtype and row
+    regime (up to or over cpu_kernels.MAX_ROWS rows), and again whenever one of the parts' weights is replaced."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[torch.dtype, bool], tuple[tuple[object, ...], object | None]] = {}
+
+    def __call__(self, parts: DecoderParts, positions: torch.Tensor, x: torch.Tensor,
+                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(this layer's delta, the residual stream before it) for x [T, d], or None where the call does not serve
+        this forward (the caller runs the layer op by op)."""
+        if torch.is_grad_enabled():  # training: the call has no backward
+            return None
+        ops = cpu_kernels.layer_ops_for(x)
+        if ops is None or x.dim() != 2 or (residual is not None and residual.dtype != x.dtype):
+            return None
+        ctx = get_forward_context()
+        meta = ctx.attn_metadata
+        if not isinstance(meta, FewQueries) or x.shape[0] != ctx.num_tokens or positions.dtype != torch.int64:
+            return None
+        layer = self._layer(ops, parts, x.dtype, x.shape[0] <= cpu_kernels.MAX_ROWS)
+        if layer is None or parts.attn.kv_cache.dtype != x.dtype:
+            return None
+        delta, stream = layer.forward(x.contiguous(), None if residual is None else residual.contiguous(), positions,
+                                      parts.attn.kv_cache, ctx.slot_mapping, meta.kv_slots, meta.seq_lens,
+                                      meta.num_queries)
+        return delta, stream
+
+    def _layer(self, ops: ModuleType, parts: DecoderParts, dtype: torch.dtype, few_rows: bool) -> object | None:
+        weights = parts.weights()
+        built = self._built.get((dtype, few_rows))
+        if built is not None and all(a is b for a, b in zip(built[0], weights, strict=True)):
+            return built[1]
+        layer = _build(ops, parts, dtype, few_rows)
+        self._built[(dtype, few_rows)] = (weights, layer)
+        return layer
+
+    def __getstate__(self) -> dict[str, object]:  # the extension's objects do not pickle; they are built again
+        return {"_built": {}}
+
+    def __deepcopy__(self, memo: dict[int, object]) -> "FusedDecoderLayer":
+        return FusedDecoderLayer()
+
+
+def _build(ops: ModuleType, parts: DecoderParts, dtype: torch.dtype, few_rows: bool) -> object | None:
+    """The extension's DecoderLayer, or None where a part has no fused form for activations of `dtype`."""
+    linears = [m.cpu_op(dtype, few_rows) for m in (parts.qkv, parts.o, parts.gate_up, parts.down)]
+    norms = (parts.input_norm, parts.post_norm)
+    attn = parts.attn
+    if (any(op is None for op in linears) or any(n.weight.dtype != dtype or n.eps != norms[0].eps for n in norms)
+            or attn.head_dim % 8 or parts.rope.cos.device.type != "cpu"):
+        return None
+    return ops.DecoderLayer(*linears, norms[0].weight, norms[1].weight, norms[0].eps, parts.rope.cos, parts.rope.sin,
+                            attn.num_heads, attn.num_kv_heads, attn.scale)
