@@ -17,7 +17,7 @@ from ssd.cli_flags import (
 from ssd.dtypes import resolve_dtype_name
 from ssd.errors import InvalidRequestError
 
-MODES = ("ar", "sd", "ssd", "sd-auto", "ssd-auto", "hf", "hf-assisted")
+MODES = ("ar", "sd", "ssd", "sd-auto", "ssd-auto", "hf", "hf-compiled", "hf-assisted")
 
 
 def _int_list(text: str) -> list[int]:
@@ -59,7 +59,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default=["ar"], type=_modes,
                    help="comma list; ar: this engine, sd: speculative, ssd: speculative speculative (the draft in "
                         "its own process), sd-auto / ssd-auto: that mode only in batches where the engine measured "
-                        "it faster than plain steps, hf: HF transformers generate (same model, dtype, threads)")
+                        "it faster than plain steps, hf: HF transformers generate (same model, dtype, threads), "
+                        "hf-compiled: the same with a static KV cache and torch.compile")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dataset", default="mtbench", choices=["mtbench", "humaneval", "all"])
     p.add_argument("--numseqs", type=int, default=16, help="prompts per dataset")

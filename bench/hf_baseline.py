@@ -27,9 +27,11 @@ class _FirstTokenClock:
 
 class HFGenerator:
     """HF `generate`; with `assistant` it is HF assisted generation (a draft checkpoint, or "ngram" for
-    HF's prompt lookup), the peer baseline for a draft-model proposer."""
+    HF's prompt lookup), the peer baseline for a draft-model proposer; `compiled`: with a static KV cache and the
+    model's forward under torch.compile (the first calls compile; the bench's warm-up prompts take that)."""
 
-    def __init__(self, path: Path, dtype: str, assistant: str | None = None, num_assistant_tokens: int = 4) -> None:
+    def __init__(self, path: Path, dtype: str, assistant: str | None = None, num_assistant_tokens: int = 4,
+                 compiled: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         from ssd.model_store import resolve_model
@@ -49,6 +51,9 @@ class HFGenerator:
         # (HF's min_new_tokens would instead forbid EOS and change the tokens)
         self.config = copy.deepcopy(self.model.generation_config)
         self.config.eos_token_id = None
+        if compiled:  # HF's recipe for a fast generate: a static KV cache and the forward under torch.compile
+            self.config.cache_implementation = "static"
+            self.model.forward = torch.compile(self.model.forward, fullgraph=True)
 
     @torch.inference_mode()
     def generate(self, group: list[list[int]], output_len: int, temperature: float) -> GroupTiming:

@@ -3,7 +3,7 @@ tokens/s against the swept value. Reads the result dicts `ssd bench` writes (run
 
 from pathlib import Path
 
-MODE_COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "ssd": "#d62728", "hf": "#bcbd22", "hf-assisted": "#17becf"}
+MODE_COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "ssd": "#d62728", "hf": "#bcbd22", "hf-compiled": "#8c564b", "hf-assisted": "#17becf"}
 
 
 def _label(run: dict) -> str:

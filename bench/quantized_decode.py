@@ -7,7 +7,9 @@
 Every configuration is measured in this one process, interleaved round by round (the best round counts), so
 ratios hold on a shared machine even where absolute numbers do not. A speed config may carry variants after a
 slash: `/torch-ops` runs it with the project's CPU layer ops off (the layers' plain torch ops), `/float-head` with
-its LM head on the float weight rather than the checkpoint's Q8_0 blocks; e.g.
+its LM head on the float weight rather than the checkpoint's Q8_0 blocks, `/op-by-op` with the layer ops on but
+each decoder layer run op by op instead of as one fused call (ssd/layers/fused_layer.py), `/onednn` with the float
+linears on oneDNN's packed GEMM instead of the own float kernels (ssd_kernels/cpu/bf16_gemm, dense_gemm); e.g.
 
     python -m bench.quantized_decode speed --configs bf16,int4-own-fp32,int4-own-fp32/torch-ops/float-head
 """
@@ -38,30 +40,36 @@ from ssd.sampling.params import SamplingParams
 SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("int4-own", "bfloat16", "auto"),
                  ("int4-own-int8act", "bfloat16", "auto"), ("int4-torch", "bfloat16", "auto"),
                  ("fp32", "float32", "none"), ("int4-own-fp32", "float32", "auto"), ("int4-torch-fp32", "float32", "auto")]
+VARIANTS = ("torch-ops", "float-head", "op-by-op", "onednn")
 
 
 def _speed_config(name: str) -> tuple[str, str, list[str]]:
     """(dtype, quantization, variants) of a --configs entry such as `int4-own-fp32/torch-ops`."""
     base, *variants = name.split("/")
     found = {n: (dtype, q) for n, dtype, q in SPEED_CONFIGS}.get(base)
-    unknown = [v for v in variants if v not in ("torch-ops", "float-head")]
+    unknown = [v for v in variants if v not in VARIANTS]
     if found is None or unknown:
-        sys.exit(f"unknown speed config {name!r}: a base of {[c[0] for c in SPEED_CONFIGS]}, then /torch-ops "
-                 "or /float-head")
+        sys.exit(f"unknown speed config {name!r}: a base of {[c[0] for c in SPEED_CONFIGS]}, then any of "
+                 f"{', '.join('/' + v for v in VARIANTS)}")
     return *found, variants
 
 
 def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int) -> LLM:
     from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul
 
+    cpu_kernels.set_own_float_kernels("onednn" not in name.split("/"))  # read when the linears are packed
     llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=8,
               enable_prefix_caching=False,  # the timed run must prefill again, as the first did
               kv_cache_memory_mb=256)  # 8 x 64 tokens need ~20 MB; several engines live in this one process
+    cpu_kernels.set_own_float_kernels(True)
     base = name.split("/")[0]
     choice = {"int4-own": Int4Kernel.OWN, "int4-own-int8act": Int4Kernel.OWN_INT8, "int4-torch": Int4Kernel.TORCH,
               "int4-torch-fp32": Int4Kernel.TORCH}.get(base, Int4Kernel.AUTO)
     if "float-head" in name.split("/"):
         llm.engine.model.lm_head.q8_blocks = None
+    if "op-by-op" in name.split("/"):
+        for layer in llm.engine.model.model.layers:
+            layer.fused = None
     for module in llm.engine.model.modules():
         if isinstance(module, Int4Matmul):
             module.kernel_choice = choice
@@ -211,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", help="quality: the int4 model's activation dtype")
     p.add_argument("--quantization", default="auto", help="quality: the compared model's (none: a dtype baseline)")
     p.add_argument("--configs", type=lambda s: s.split(","), default=[c[0] for c in SPEED_CONFIGS],
-                   help="speed: which of " + ", ".join(c[0] for c in SPEED_CONFIGS) + ", each with optional /torch-ops "
-                   "or /float-head variants (bf16 is always run)")
+                   help="speed: which of " + ", ".join(c[0] for c in SPEED_CONFIGS) + ", each with optional variants "
+                   "(" + ", ".join("/" + v for v in VARIANTS) + "; bf16 is always run)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     doc = {"speed": speed, "linears": linears, "quality": quality}[args.what](args)

@@ -121,7 +121,7 @@ def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: li
     if s.mode == "ssd":
         return _ssd_runner(s, ar, params, closers)
     hf = HFGenerator(ar.engine.info.model_path, s.dtype, assistant=s.draft if s.mode == "hf-assisted" else None,
-                     num_assistant_tokens=s.k)
+                     num_assistant_tokens=s.k, compiled=s.mode == "hf-compiled")
     return (lambda group: hf.generate(group, s.output_len, s.temperature)), None
 
 

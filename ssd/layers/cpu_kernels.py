@@ -7,6 +7,9 @@ float32 accumulation; equal to the dequantizing reference within float32 roundin
 int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path where the CPU has one (rounded to
 int8 in groups of 32, as llama.cpp does). Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path only; ParallelLMHead uses it.
+Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows), float32
+as it is on AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses
+them where torch's GEMMs read the weight far below the memory's speed at few rows (docs/benchmarks.md).
 Layer ops (`layer_ops_for`): RMSNorm, RoPE, SiLU-and-multiply and few-query attention, one call each in place of
 3-20 torch ops; ssd/layers/norm.py, rotary.py, activation.py and the "cpu" attention backend use them. A whole
 decoder layer runs as one call of them where its linears have a `LinearKind` (ssd/layers/fused_layer.py).
@@ -16,6 +19,7 @@ Where the extension cannot be built, one warning is logged and the caller keeps 
 import enum
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
@@ -23,9 +27,9 @@ import structlog
 import torch
 
 from ssd.paths import cache_root
+from ssd_kernels.cpu import bf16_gemm, dense_gemm, q8_gemm
 from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import int4_gemm as own
-from ssd_kernels.cpu import q8_gemm
 
 log = structlog.get_logger(__name__)
 
@@ -134,6 +138,60 @@ def _(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0] * q8_gemm.TILE)
 
 
+_own_float = {"enabled": True}
+
+
+def set_own_float_kernels(enabled: bool) -> None:
+    """Whether float linear layers packed from now on (`_Linear.pack`) use the own float kernels (the default) or
+    oneDNN's packed GEMM (benchmarks compare the two)."""
+    _own_float["enabled"] = enabled
+
+
+@dataclass(frozen=True)
+class OwnMatmul:
+    """A float linear layer's matmul on the project's own kernel: x [M, K] -> [M, N] in the weight's dtype."""
+
+    kind: "LinearKind"  # DENSE_OWN (float32, the weight as it is) or BF16_OWN (bfloat16 blocks)
+    tensor: torch.Tensor  # the weight [N, K], or its blocks (ssd_kernels/cpu/bf16_gemm.py)
+    path: int  # DENSE_OWN's path (float32 AVX-512 / AVX2)
+    max_rows: int | None  # the most rows it serves (more: oneDNN's GEMM), None: any
+
+    def serves(self, x: torch.Tensor) -> bool:
+        """An inference call (no autograd: the kernels have no backward) on x [M, K] of the weight's dtype, eager (a
+        graph keeps torch's linear), within max_rows."""
+        if x.dim() != 2 or x.dtype != self.tensor.dtype or x.device.type != "cpu":
+            return False
+        if self.max_rows is not None and x.shape[0] > self.max_rows:
+            return False
+        return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        ext = extension()
+        if self.kind == LinearKind.BF16_OWN:
+            return ext.bf16_gemm(x, self.tensor)  # type: ignore[union-attr]
+        return ext.dense_gemm(x, self.tensor, self.path)  # type: ignore[union-attr]
+
+
+def own_matmul_for(weight: torch.Tensor) -> OwnMatmul | None:
+    """The own kernel for this inference weight [N, K] on this CPU: bfloat16 on AVX512-BF16 (its blocks, any number
+    of rows: it matched or beat oneDNN from 1 to 512 rows on Zen 4), float32 on AVX2 / AVX-512 (the weight as it
+    is, up to MAX_ROWS rows); None elsewhere (other dtypes, shapes or devices, no build)."""
+    if (not _own_float["enabled"] or weight.dim() != 2 or weight.device.type != "cpu"
+            or weight.dtype not in (torch.bfloat16, torch.float32)):
+        return None
+    ext = extension()
+    if ext is None:
+        return None
+    n, k = weight.shape
+    if weight.dtype == torch.bfloat16:
+        if own_ext.BF16_AVX512 not in own_ext.supported_paths(ext) or n % bf16_gemm.BLOCK or k % 2:
+            return None
+        return OwnMatmul(LinearKind.BF16_OWN, bf16_gemm.pack_bf16(weight), own_ext.BF16_AVX512, None)
+    if n % dense_gemm.TILE or k % dense_gemm.STEP:
+        return None
+    return OwnMatmul(LinearKind.DENSE_OWN, weight.detach().contiguous(), own_ext.float_path(ext), MAX_ROWS)
+
+
 class LinearKind(enum.IntEnum):
     """How the fused decoder layer runs a linear layer's matmul (the kinds of ssd_kernels/cpu/cpu_kernels.h)."""
 
@@ -142,6 +200,8 @@ class LinearKind(enum.IntEnum):
     INT4_OWN = 2  # the own int4 kernel: weight = blocks, aux = mins, param = path
     INT4_PACK = 3  # torch's CPU int4pack kernel: aux = scales and zeros, param = group size
     INT8_PACK = 4  # torch's int8pack kernel: aux = scales
+    DENSE_OWN = 5  # the own float32 kernel on the weight: param = path
+    BF16_OWN = 6  # the own bfloat16 kernel: weight = its blocks
 
 
 def linear_op(ext: ModuleType, kind: LinearKind, weight: torch.Tensor, aux: torch.Tensor | None = None,

@@ -13,7 +13,7 @@ from torch import nn
 
 from ssd.distributed import current_tp, divide
 from ssd.layers import cpu_kernels
-from ssd.layers.linear import onednn_pack, packed_linear
+from ssd.layers.linear import pack_float, packed_linear
 from ssd.quantized_weights import Q8Weight
 
 log = structlog.get_logger(__name__)
@@ -43,9 +43,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None
     q8_blocks: torch.Tensor | None = None  # [V / size / 4, d / 32, 136]: this rank's rows in the q8 kernel's layout
+    own: cpu_kernels.OwnMatmul | None = None  # the own float kernel (set by `pack`)
 
     def pack(self) -> None:
-        self.packed = onednn_pack(self.weight)
+        self.packed, self.own = pack_float(self.weight)
 
     def use_q8(self, weight: Q8Weight) -> bool:
         """Read `weight` (the whole vocabulary's Q8_0 head) for few-row forwards on CPU; False (and logged) where
@@ -64,5 +65,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.q8_blocks is not None and hidden.shape[0] <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu":
             logits = cpu_kernels.q8_matmul(hidden, self.q8_blocks)  # [N, V / size]
         else:
-            logits = packed_linear(hidden, self.packed, self.weight, None)  # [N, V / size]: this rank's rows
+            logits = packed_linear(hidden, self.packed, self.weight, None, self.own)  # [N, V / size]: this rank's
         return self.tp.all_gather_last(logits).float()

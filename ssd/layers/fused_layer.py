@@ -43,7 +43,7 @@ class DecoderParts:
         """Every object the fused call was built from: when one is replaced (quantized, moved), it is built again."""
         linears = (self.qkv, self.o, self.gate_up, self.down)
         return (self.input_norm.weight, self.post_norm.weight, self.rope.cos,
-                *(getattr(m, name) for m in linears for name in ("weight", "packed", "quantized", "bias")))
+                *(getattr(m, name) for m in linears for name in ("weight", "packed", "own", "quantized", "bias")))
 
 
 class FusedDecoderLayer:

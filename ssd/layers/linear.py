@@ -37,15 +37,27 @@ def onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor | None, weight: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias, through the packed weight when there is one. x: [N, in] -> [N, out]."""
+                  bias: torch.Tensor | None, own: cpu_kernels.OwnMatmul | None = None) -> torch.Tensor:
+    """x @ weight.T + bias: on the own kernel where it serves x, else through the packed weight when there is one.
+    x: [N, in] -> [N, out]."""
+    if own is not None and own.serves(x):
+        y = own(x)
+        return y if bias is None else y + bias
     if packed is None:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def pack_float(weight: torch.Tensor) -> tuple[torch.Tensor | None, cpu_kernels.OwnMatmul | None]:
+    """(oneDNN's packed weight, the own kernel) for an inference weight: the own kernel where one serves it, and
+    oneDNN's packing where the own kernel leaves some row counts to it."""
+    own = cpu_kernels.own_matmul_for(weight)
+    return (None if own is not None and own.max_rows is None else onednn_pack(weight)), own
+
+
 class _Linear(nn.Module):
     packed: torch.Tensor | None = None
+    own: cpu_kernels.OwnMatmul | None = None  # the own float kernel (set by `pack`)
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
@@ -65,7 +77,7 @@ class _Linear(nn.Module):
     def pack(self) -> None:
         """Prepare the loaded weight for fast inference matmuls (call after loading); quantized: no-op."""
         if self.quantized is None:
-            self.packed = onednn_pack(self.weight)
+            self.packed, self.own = pack_float(self.weight)
 
     def use_quantized(self, matmul: Int4Matmul | Int8Matmul) -> None:
         """Run on `matmul` (this rank's shard, quantized) from now on; the float weight is dropped."""
@@ -73,12 +85,12 @@ class _Linear(nn.Module):
             raise CheckpointError(f"quantized weight {matmul.out_features}x{matmul.in_features} "
                                   f"!= {tuple(self.weight.shape)}")
         self.quantized = matmul
-        self.packed = None
+        self.packed = self.own = None
         self.weight = None  # type: ignore[assignment]
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # [N, in] -> [N, out]
         if self.quantized is None:
-            return packed_linear(x, self.packed, self.weight, bias)
+            return packed_linear(x, self.packed, self.weight, bias, self.own)
         y = self.quantized(x)
         return y if bias is None else y + bias
 
@@ -95,6 +107,9 @@ class _Linear(nn.Module):
         if self.quantized is None:
             if self.weight.device.type != "cpu" or self.weight.dtype != dtype:
                 return None
+            own = self.own
+            if own is not None and (few_rows or own.max_rows is None):
+                return cpu_kernels.linear_op(ext, own.kind, own.tensor, bias=self.bias, param=own.path)
             if self.packed is not None:
                 return cpu_kernels.linear_op(ext, cpu_kernels.LinearKind.PACKED, self.packed, bias=self.bias)
             return cpu_kernels.linear_op(ext, cpu_kernels.LinearKind.DENSE, self.weight, bias=self.bias)

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.errors import CheckpointError
+from ssd.layers import cpu_kernels
 from ssd.layers.attention import MAX_MATMUL_QUERIES, bucketed, head_major_attention
-from ssd.layers.linear import onednn_pack, packed_linear
+from ssd.layers.linear import pack_float, packed_linear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
 from ssd.model_config import ModelConfig, RopeConfig, _rope_from
@@ -175,14 +176,15 @@ class HeadLinear(nn.Linear):
     (1.6-2x faster than `F.linear` for the few rows a draft step has). Training never packs."""
 
     packed: torch.Tensor | None = None
+    own: cpu_kernels.OwnMatmul | None = None  # the own float kernel (set by `pack`)
 
     def pack(self) -> None:
-        self.packed = onednn_pack(self.weight)
+        self.packed, self.own = pack_float(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if self.packed is None or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.weight, self.bias)  # [N, out]
+        y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.weight, self.bias, self.own)  # [N, out]
         return y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -74,11 +74,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # On CPU, decode and verify forwards run the whole layer as one call (ssd/layers/fused_layer.py)
         self.fused = FusedDecoderLayer() if self.self_attn.fuses_rope else None
+        self._parts: DecoderParts | None = None
 
     def parts(self) -> DecoderParts:
-        attn = self.self_attn
-        return DecoderParts(self.input_layernorm, attn.qkv_proj, attn.attn, attn.rotary_emb, attn.o_proj,
-                            self.post_attention_layernorm, self.mlp.gate_up_proj, self.mlp.down_proj)
+        """The modules the fused call reads (made once: a layer never swaps its submodules)."""
+        if self._parts is None:
+            attn = self.self_attn
+            self._parts = DecoderParts(self.input_layernorm, attn.qkv_proj, attn.attn, attn.rotary_emb, attn.o_proj,
+                                       self.post_attention_layernorm, self.mlp.gate_up_proj, self.mlp.down_proj)
+        return self._parts
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None

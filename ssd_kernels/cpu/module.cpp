@@ -10,6 +10,7 @@ int64_t supported_paths() {
                       __builtin_cpu_supports("avx512vl");
   if (avx512 && (bits & kFloat256)) bits |= kFloat512;
   if ((bits & kFloat512) && __builtin_cpu_supports("avx512vnni")) bits |= kVnni512;
+  if ((bits & kFloat512) && __builtin_cpu_supports("avx512bf16")) bits |= kBf16Dot512;
   return bits;
 }
 
@@ -20,6 +21,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release_gil = py::call_guard<py::gil_scoped_release>;  // the kernels touch no Python object
   m.def("int4_gemm", &ssd_cpu::int4_gemm, "y = x @ w.T for a group-32 int4 weight (see int4_gemm.cpp)", release_gil());
   m.def("q8_gemm", &ssd_cpu::q8_gemm, "y = x @ w.T for a group-32 int8 weight, GGUF Q8_0 (see q8_gemm.cpp)",
+        release_gil());
+  m.def("dense_gemm", &ssd_cpu::dense_gemm, "y = x @ w.T for a float32 weight [N, K] (see dense_gemm.cpp)",
+        release_gil());
+  m.def("bf16_gemm", &ssd_cpu::bf16_gemm, "y = x @ w.T for a bfloat16 weight in blocks (see bf16_gemm.cpp)",
         release_gil());
   m.def("rms_norm", &ssd_cpu::rms_norm, "RMSNorm of x (+ residual): [normed] or [normed, x + residual]");
   m.def("rope", &ssd_cpu::rope, "rotary embedding (rotate-half) of x [T, heads, D] at positions [T]");
@@ -38,5 +43,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     double, torch::Tensor, torch::Tensor, int64_t, int64_t, double>())
       .def("forward", &ssd_cpu::DecoderLayer::forward, release_gil());
   m.def("supported_paths", &ssd_cpu::supported_paths,
-        "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI");
+        "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI, 8 AVX512-BF16");
 }
