@@ -8,6 +8,8 @@ import torch
 
 from bench.timing import GroupTiming
 
+STATIC_CACHE_LEN = 1024  # the compiled baseline's KV cache length (a multiple of it where a prompt needs more)
+
 
 class _FirstTokenClock:
     """A generate() streamer that records when the first new token arrives (the first put is the prompt)."""
@@ -28,7 +30,8 @@ class _FirstTokenClock:
 class HFGenerator:
     """HF `generate`; with `assistant` it is HF assisted generation (a draft checkpoint, or "ngram" for
     HF's prompt lookup), the peer baseline for a draft-model proposer; `compiled`: with a static KV cache and the
-    model's forward under torch.compile (the first calls compile; the bench's warm-up prompts take that)."""
+    model's forward under torch.compile (the first calls compile: the bench's warm-up prompts take the decode graph,
+    and prefill shapes turn dynamic after their second length)."""
 
     def __init__(self, path: Path, dtype: str, assistant: str | None = None, num_assistant_tokens: int = 4,
                  compiled: bool = False) -> None:
@@ -51,8 +54,8 @@ class HFGenerator:
         # (HF's min_new_tokens would instead forbid EOS and change the tokens)
         self.config = copy.deepcopy(self.model.generation_config)
         self.config.eos_token_id = None
+        self.compiled = compiled
         if compiled:  # HF's recipe for a fast generate: a static KV cache and the forward under torch.compile
-            self.config.cache_implementation = "static"
             self.model.forward = torch.compile(self.model.forward, fullgraph=True)
 
     @torch.inference_mode()
@@ -66,11 +69,17 @@ class HFGenerator:
         config.do_sample = temperature > 0
         config.temperature = temperature if temperature > 0 else None
         config.top_p, config.top_k, config.pad_token_id = None, None, pad
+        extra = dict(self.extra)
+        if self.compiled:  # one cache length for every prompt, so the decode graph compiles once per batch size
+            from transformers import StaticCache
+
+            length = -(-(width + output_len) // STATIC_CACHE_LEN) * STATIC_CACHE_LEN
+            extra["past_key_values"] = StaticCache(self.model.config, max_cache_len=length)
         clock = _FirstTokenClock()
         start = time.perf_counter()
         out = self.model.generate(
             input_ids=input_ids, attention_mask=mask, generation_config=config,
-            streamer=clock if len(group) == 1 else None, **self.extra,
+            streamer=clock if len(group) == 1 else None, **extra,
         )
         total = time.perf_counter() - start
         first = (clock.first_token_time - start) if clock.first_token_time else 0.0

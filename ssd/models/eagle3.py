@@ -182,7 +182,7 @@ class HeadLinear(nn.Linear):
         self.packed, self.own = pack_float(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if self.packed is None or torch.is_grad_enabled():
+        if (self.packed is None and self.own is None) or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.weight, self.bias, self.own)  # [N, out]
         return y.view(*x.shape[:-1], y.shape[-1])

@@ -7,8 +7,10 @@ import torch
 from draft_training.target_features import TargetFeatureExtractor
 from ssd.config import ProposerChoice, SpeculationConfig, SsdConfig, TreeShape
 from ssd.errors import InvalidRequestError
+from ssd.layers import cpu_kernels
 from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
+from ssd_kernels.cpu import extension as own_ext
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 14, 15, 9, 10, 11], [20, 21, 22, 20, 21]]
 
@@ -50,6 +52,29 @@ def test_speculative_logprobs_equal_plain_ones(models, shape):
         assert [x.token_id for x in b.logprobs] == b.token_ids
         assert [x.logprob for x in b.logprobs] == pytest.approx([x.logprob for x in a.logprobs], abs=1e-4)
         assert [[t for t, _ in x.top] for x in b.logprobs] == [[t for t, _ in x.top] for x in a.logprobs]
+
+
+@pytest.mark.parametrize("shape", ["chain", "ssd"])
+def test_bfloat16_speculative_logprobs_are_plain_ones_bit_for_bit(models, shape):
+    """On a CPU with AVX512-BF16 every kernel of a decode step and of a chain verify (the bf16 GEMM, the layer ops,
+    few-query attention) gives a row the same bits whatever the rows around it, so in bfloat16 too a verified
+    position's distribution is the decode step's, exactly. (Elsewhere bf16 kernels round differently for 1 and K + 1
+    rows, and speculation only nearly matches plain decoding.)"""
+    ext = cpu_kernels.extension()
+    if ext is None or own_ext.BF16_AVX512 not in own_ext.supported_paths(ext):
+        pytest.skip("this CPU has no AVX512-BF16: the bf16 kernels are not row-invariant here")
+    params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=2)
+    bf16 = {"dtype": "bfloat16", "block_size": 4, "kv_cache_memory_mb": 8}
+    plain = LLM(str(models[0]), **bf16).generate(PROMPTS, params)
+    spec = SpeculationConfig(ProposerChoice(str(models[0])), num_speculative_tokens=3,
+                             ssd=SsdConfig() if shape == "ssd" else None)
+    llm = LLM(str(models[0]), speculation=spec, **bf16)
+    outs = llm.generate(PROMPTS, params)
+    counters = llm.engine.speculative_decoder.counters
+    assert counters.num_accepted_tokens > counters.num_drafts
+    for a, b in zip(plain, outs, strict=True):
+        assert a.token_ids == b.token_ids
+        assert [(x.token_id, x.logprob, x.top) for x in b.logprobs] == [(x.token_id, x.logprob, x.top) for x in a.logprobs]
 
 
 def test_one_logprob_per_returned_token_after_a_stop(models):
