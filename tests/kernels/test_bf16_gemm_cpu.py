@@ -7,7 +7,7 @@ import torch
 
 from ssd_kernels.cpu import bf16_gemm
 from ssd_kernels.cpu import extension as own_ext
-from tests.kernels.cpu_kernel_checks import relative_error, require_path
+from tests.kernels.cpu_kernel_checks import assert_rows_invariant, relative_error, require_path
 
 PATHS = {"bf16-avx512": own_ext.BF16_AVX512}
 # Relative to max |reference|: the output's bfloat16 rounding, and each pair's two products summed in float32
@@ -40,15 +40,7 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext):
     require_path(ext, PATHS, "bf16-avx512")
     x, w = _operands(7, 320, 128, seed=2)
     blocks = bf16_gemm.pack_bf16(w)
-    batch = bf16_gemm.bf16_gemm(ext, x, blocks)
-    alone = torch.cat([bf16_gemm.bf16_gemm(ext, x[i : i + 1], blocks) for i in range(7)])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        two = bf16_gemm.bf16_gemm(ext, x, blocks)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(batch, alone) and torch.equal(batch, two)
+    assert_rows_invariant(lambda rows: bf16_gemm.bf16_gemm(ext, rows, blocks), x)
 
 
 def test_a_planted_layout_bug_is_caught(ext):

@@ -7,7 +7,7 @@ import torch
 
 from ssd_kernels.cpu import dense_gemm
 from ssd_kernels.cpu import extension as own_ext
-from tests.kernels.cpu_kernel_checks import relative_error, require_path
+from tests.kernels.cpu_kernel_checks import assert_rows_invariant, relative_error, require_path
 
 PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512}
 TOLERANCE = 1e-5  # relative to max |reference|: the same products summed in another order
@@ -32,15 +32,7 @@ def test_each_path_matches_its_reference(ext, name, rows):
 def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name):
     path = require_path(ext, PATHS, name)
     x, w = _operands(7, 256, 128, seed=2)
-    batch = dense_gemm.dense_gemm(ext, x, w, path)
-    alone = torch.cat([dense_gemm.dense_gemm(ext, x[i : i + 1], w, path) for i in range(7)])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        two = dense_gemm.dense_gemm(ext, x, w, path)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(batch, alone) and torch.equal(batch, two)
+    assert_rows_invariant(lambda rows: dense_gemm.dense_gemm(ext, rows, w, path), x)
 
 
 def test_a_planted_bug_is_caught(ext):

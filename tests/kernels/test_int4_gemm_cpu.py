@@ -7,7 +7,7 @@ import torch
 
 from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import int4_gemm as own
-from tests.kernels.cpu_kernel_checks import relative_error, require_path
+from tests.kernels.cpu_kernel_checks import assert_rows_invariant, relative_error, require_path
 
 PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512, "vnni-avx512": own_ext.VNNI_AVX512}
 # Relative to max |reference|. float32: the same products, summed in another order. bfloat16: the output's rounding.
@@ -53,15 +53,7 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name)
     path = require_path(ext, PATHS, name)
     blocks, mins = own.pack_q32(*_weight(256, 128))
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2)).bfloat16()
-    batch = own.int4_gemm(ext, x, blocks, mins, path)
-    alone = torch.cat([own.int4_gemm(ext, x[i : i + 1], blocks, mins, path) for i in range(7)])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        two = own.int4_gemm(ext, x, blocks, mins, path)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(batch, alone) and torch.equal(batch, two)
+    assert_rows_invariant(lambda rows: own.int4_gemm(ext, rows, blocks, mins, path), x)
 
 
 def test_a_planted_nibble_order_bug_is_caught(ext):

@@ -7,7 +7,7 @@ import torch
 
 from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import q8_gemm
-from tests.kernels.cpu_kernel_checks import relative_error, require_path
+from tests.kernels.cpu_kernel_checks import assert_rows_invariant, relative_error, require_path
 
 PATHS = {"float-avx2": own_ext.FLOAT_AVX2, "float-avx512": own_ext.FLOAT_AVX512}
 # Relative to max |reference|. float32: the same products (q * d is exact), summed in another order.
@@ -51,15 +51,7 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name)
     path = require_path(ext, PATHS, name)
     blocks = q8_gemm.pack_q8(*_weight(256, 128))
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2))
-    batch = q8_gemm.q8_gemm(ext, x, blocks, path)
-    alone = torch.cat([q8_gemm.q8_gemm(ext, x[i : i + 1], blocks, path) for i in range(7)])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        two = q8_gemm.q8_gemm(ext, x, blocks, path)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(batch, alone) and torch.equal(batch, two)
+    assert_rows_invariant(lambda rows: q8_gemm.q8_gemm(ext, rows, blocks, path), x)
 
 
 def test_a_planted_tile_order_bug_is_caught(ext):
