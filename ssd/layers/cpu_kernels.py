@@ -153,7 +153,7 @@ class OwnMatmul:
 
     kind: "LinearKind"  # DENSE_OWN (float32, the weight as it is) or BF16_OWN (bfloat16 blocks)
     tensor: torch.Tensor  # the weight [N, K], or its blocks (ssd_kernels/cpu/bf16_gemm.py)
-    path: int  # DENSE_OWN's path (float32 AVX-512 / AVX2)
+    path: int  # DENSE_OWN's path (float32 AVX-512 / AVX2); BF16_OWN has one path (BF16_AVX512)
     max_rows: int | None  # the most rows it serves (more: oneDNN's GEMM), None: any
 
     def serves(self, x: torch.Tensor) -> bool:

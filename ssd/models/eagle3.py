@@ -172,8 +172,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class HeadLinear(nn.Linear):
-    """A trainable linear layer that, once `pack`ed for inference, multiplies through oneDNN's packed weight
-    (1.6-2x faster than `F.linear` for the few rows a draft step has). Training never packs."""
+    """A trainable linear layer that, once `pack`ed for inference, multiplies through the own float kernel or
+    oneDNN's packed weight (faster than `F.linear` for the few rows a draft step has). Training never packs."""
 
     packed: torch.Tensor | None = None
     own: cpu_kernels.OwnMatmul | None = None  # the own float kernel (set by `pack`)
@@ -182,7 +182,7 @@ class HeadLinear(nn.Linear):
         self.packed, self.own = pack_float(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if (self.packed is None and self.own is None) or torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # training: the packed forms are inference copies
             return F.linear(x, self.weight, self.bias)
         y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.weight, self.bias, self.own)  # [N, out]
         return y.view(*x.shape[:-1], y.shape[-1])
