@@ -5,7 +5,9 @@ int4: group-32 weights whose scales and mins are exact in fp16 (the GGUF's own Q
 computes the checkpoint's weights exactly, for up to MAX_ROWS rows of x. Its float path (dequantize in registers,
 float32 accumulation; equal to the dequantizing reference within float32 rounding) serves every dtype; asked for
 int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path where the CPU has one (rounded to
-int8 in groups of 32, as llama.cpp does). Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
+int8 in groups of 32, as llama.cpp does). bfloat16 activations on AVX512-BF16 run a second int4 kernel of their own
+layout (`int4_bf16_layout`: 16 output features per vector, the codes as exact bfloat16 numbers, vdpbf16ps).
+Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path only; ParallelLMHead uses it.
 Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows), float32
 as it is on AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses
@@ -29,6 +31,7 @@ import torch
 from ssd.paths import cache_root
 from ssd_kernels.cpu import bf16_gemm, dense_gemm, q8_gemm
 from ssd_kernels.cpu import extension as own_ext
+from ssd_kernels.cpu import int4_bf16_gemm as own_bf16
 from ssd_kernels.cpu import int4_gemm as own
 
 log = structlog.get_logger(__name__)
@@ -56,18 +59,65 @@ def extension() -> ModuleType | None:
     return ext
 
 
-def int4_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
-                  q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(blocks, mins) of the kernel for q [N, K] (0..15) with scales / zeros [N, K / 32] in the (q - 8) * scale +
-    zero convention; None where the kernel cannot hold them exactly (other groups, shapes, non-fp16 scales)."""
+def _q32_scales(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
+                q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(d, m) with w = q d + m for q [N, K] (0..15) with scales / zeros [N, K / 32] in the (q - 8) * scale + zero
+    convention; None where they are not group-32 scales exact in fp16 (the kernels store fp16)."""
     n, k = q.shape
-    if weight_scales.shape != (n, k // own.GROUP) or n % own.TILE or k % (2 * own.GROUP):
+    if weight_scales.shape != (n, k // own.GROUP) or k % own.GROUP:
         return None
     d = weight_scales.float()
-    m = weight_zeros.float() - 8 * d  # w = q d + m
+    m = weight_zeros.float() - 8 * d
     if not (torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)):
         return None
-    return own.pack_q32(q, d, m)
+    return d, m
+
+
+def int4_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
+                  q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(blocks, mins) of the int4 kernel for q [N, K] (0..15) with scales / zeros [N, K / 32] in the (q - 8) * scale +
+    zero convention; None where the kernel cannot hold them exactly (other groups, shapes, non-fp16 scales)."""
+    n, k = q.shape
+    scales = _q32_scales(weight_scales, weight_zeros, q)
+    if scales is None or n % own.TILE or k % (2 * own.GROUP):
+        return None
+    return own.pack_q32(q, *scales)
+
+
+def int4_bf16_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
+    """The blocks of the int4 kernel for bfloat16 activations (as `int4_layout`'s arguments); None where it cannot
+    hold them exactly or this CPU has no AVX512-BF16 (or no build)."""
+    scales = _q32_scales(weight_scales, weight_zeros, q)
+    ext = extension()
+    if scales is None or q.shape[0] % own_bf16.BLOCK or ext is None:
+        return None
+    if own_ext.BF16_AVX512 not in own_ext.supported_paths(ext):
+        return None
+    return own_bf16.pack_q32_bf16(q, *scales)
+
+
+def int4_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16 for blocks made by `int4_bf16_layout` (so the extension built);
+    under torch.compile the custom op `ssd::int4_bf16_gemm`."""
+    if torch.compiler.is_compiling():
+        return torch.ops.ssd.int4_bf16_gemm(x, blocks)
+    return extension().int4_bf16_gemm(x, blocks)  # type: ignore[union-attr]
+
+
+def int4_bf16_call(blocks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`int4_bf16_matmul` for eager calls, with the extension looked up once."""
+    gemm = extension().int4_bf16_gemm  # type: ignore[union-attr]
+    return lambda x: gemm(x, blocks)
+
+
+@torch.library.custom_op("ssd::int4_bf16_gemm", mutates_args=())
+def _int4_bf16_gemm_op(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    return extension().int4_bf16_gemm(x, blocks)  # type: ignore[union-attr]
+
+
+@_int4_bf16_gemm_op.register_fake
+def _(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], blocks.shape[0] * own_bf16.BLOCK)
 
 
 @cache
@@ -202,6 +252,7 @@ class LinearKind(enum.IntEnum):
     INT8_PACK = 4  # torch's int8pack kernel: aux = scales
     DENSE_OWN = 5  # the own float32 kernel on the weight: param = path
     BF16_OWN = 6  # the own bfloat16 kernel: weight = its blocks
+    INT4_BF16 = 7  # the own int4 kernel for bfloat16 activations: weight = its blocks
 
 
 def linear_op(ext: ModuleType, kind: LinearKind, weight: torch.Tensor, aux: torch.Tensor | None = None,

@@ -26,10 +26,11 @@ log = structlog.get_logger(__name__)
 class Int4Kernel(enum.Enum):
     """Which kernel an Int4Matmul runs for a few rows (`kernel_choice`), where the own CPU kernel holds its weight."""
 
-    # float32 activations: own (torch's CPU alternative dequantizes the weight every call); 16-bit: torch's
-    # int4pack, measured as fast or faster at 1 and 8 rows on an AMX CPU (docs/benchmarks.md), own where it has none
+    # float32 activations: own (torch's CPU alternative dequantizes the weight every call); bfloat16 on AVX512-BF16:
+    # own (its bfloat16 kernel); other 16-bit: torch's int4pack, measured as fast or faster at 1 and 8 rows on an AMX
+    # CPU than the own float path (docs/benchmarks.md), own where it has none
     AUTO = "auto"
-    OWN = "own"  # own for every dtype, float activations
+    OWN = "own"  # own for every dtype: bfloat16 on its bfloat16 kernel where the CPU has one, else float activations
     OWN_INT8 = "own-int8"  # own; 16-bit activations rounded to int8 in groups of 32 (VNNI, as llama.cpp)
     TORCH = "torch"  # torch's int4pack (or the reference), never own
 
@@ -54,6 +55,8 @@ class Int4Matmul(nn.Module):
         own = _own_layout(weight) if device.type == "cpu" else None
         self.register_buffer("own_blocks", None if own is None else own[0], persistent=False)  # [N / 4, K / 64, 144]
         self.register_buffer("own_mins", None if own is None else own[1], persistent=False)  # [N, K / 32] fp16 bits
+        own_bf16 = _own_bf16_layout(weight) if own is not None and dtype == torch.bfloat16 else None
+        self.register_buffer("own_bf16_blocks", own_bf16, persistent=False)  # [N / 16, K / 32, 320] or None
         self._own_calls: dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor] | None] = {}  # eager, per dtype
         self.kernel_choice = Int4Kernel.AUTO
         self._repack()
@@ -76,7 +79,13 @@ class Int4Matmul(nn.Module):
         """Whether activations of `dtype` (up to cpu_kernels.MAX_ROWS rows) run the own kernel."""
         if not self.has_own_kernel or self.kernel_choice == Int4Kernel.TORCH:
             return False
-        return self.kernel_choice != Int4Kernel.AUTO or dtype == torch.float32 or self.packed is None
+        return (self.kernel_choice != Int4Kernel.AUTO or dtype == torch.float32 or self.packed is None
+                or self._runs_bf16_kernel(dtype))
+
+    def _runs_bf16_kernel(self, dtype: torch.dtype) -> bool:
+        """Whether the own kernel runs activations of `dtype` on its bfloat16 kernel (bfloat16, AVX512-BF16)."""
+        return (dtype == torch.bfloat16 and self.own_bf16_blocks is not None
+                and self.kernel_choice in (Int4Kernel.AUTO, Int4Kernel.OWN))
 
     def _repack(self) -> None:
         self.packed = _int4_kernel_layout(self.codes, self.scales_and_zeros.dtype)  # None: no kernel here
@@ -104,13 +113,17 @@ class Int4Matmul(nn.Module):
     def _own_call(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if not self.runs_own_kernel(dtype):
             return None
+        if self._runs_bf16_kernel(dtype):
+            return cpu_kernels.int4_bf16_call(self.own_bf16_blocks)
         return cpu_kernels.int4_call(self.own_blocks, self.own_mins, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
 
-    def cpu_op(self, dtype: torch.dtype, few_rows: bool) -> tuple[cpu_kernels.LinearKind, torch.Tensor, torch.Tensor,
-                                                                   int] | None:
+    def cpu_op(self, dtype: torch.dtype, few_rows: bool) -> tuple[cpu_kernels.LinearKind, torch.Tensor,
+                                                                   torch.Tensor | None, int] | None:
         """(kind, weight, aux, param) of the fused CPU layer op that computes what `forward` computes for x of
         `dtype` with up to (`few_rows`) or more than cpu_kernels.MAX_ROWS rows; None where forward dequantizes."""
         ext = cpu_kernels.extension()
+        if few_rows and ext is not None and self._runs_bf16_kernel(dtype):
+            return cpu_kernels.LinearKind.INT4_BF16, self.own_bf16_blocks, None, 0
         if few_rows and ext is not None and self.runs_own_kernel(dtype):
             path = cpu_kernels.path_for(ext, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
             return cpu_kernels.LinearKind.INT4_OWN, self.own_blocks, self.own_mins, path
@@ -120,6 +133,8 @@ class Int4Matmul(nn.Module):
         return cpu_kernels.LinearKind.INT4_PACK, self.packed, self.scales_and_zeros, self.group_size
 
     def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self._runs_bf16_kernel(x.dtype):
+            return cpu_kernels.int4_bf16_matmul(x, self.own_bf16_blocks)
         return cpu_kernels.int4_matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
@@ -136,7 +151,8 @@ class Int4Matmul(nn.Module):
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
         if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
-            kernel = f"own ({self.kernel_choice.value}) up to {cpu_kernels.MAX_ROWS} rows, else {kernel}"
+            bf16 = ", bfloat16 kernel" if self.own_bf16_blocks is not None else ""
+            kernel = f"own ({self.kernel_choice.value}{bf16}) up to {cpu_kernels.MAX_ROWS} rows, else {kernel}"
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
 
@@ -187,6 +203,13 @@ def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:
     if layout is None or cpu_kernels.extension() is None:
         return None
     return layout
+
+
+def _own_bf16_layout(weight: Int4Weight) -> torch.Tensor | None:
+    """The own bfloat16-activation kernel's blocks of `weight`; None where it cannot hold it or this CPU lacks it."""
+    if weight.group_size != 32:
+        return None
+    return cpu_kernels.int4_bf16_layout(weight.scales, weight.zeros, weight.unpacked())
 
 
 def _int4_kernel_layout(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

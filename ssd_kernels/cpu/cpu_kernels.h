@@ -43,6 +43,7 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& blocks, con
 torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
 torch::Tensor dense_gemm(const torch::Tensor& x, const torch::Tensor& weight, int64_t path);
 torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
+torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
                                     const torch::Tensor& weight, double eps);
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,
@@ -59,8 +60,10 @@ torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& posi
 // y = x @ W.T (+ bias) as a linear layer runs it (decoder_layer.cpp), by kind: at::linear on the weight, oneDNN's
 // packed weight, the own int4 kernel (weight = blocks, aux = mins, param = path), torch's CPU int4pack kernel
 // (aux = scales and zeros, param = group size), torch's int8pack kernel (aux = scales), the own float32 kernel on the
-// weight (param = path) or the own bfloat16 kernel (weight = its blocks).
-constexpr int64_t kDense = 0, kPacked = 1, kInt4Own = 2, kInt4Pack = 3, kInt8Pack = 4, kDenseOwn = 5, kBf16Own = 6;
+// weight (param = path), the own bfloat16 kernel (weight = its blocks) or the own int4 kernel for bfloat16 x (weight =
+// its blocks).
+constexpr int64_t kDense = 0, kPacked = 1, kInt4Own = 2, kInt4Pack = 3, kInt8Pack = 4, kDenseOwn = 5, kBf16Own = 6,
+                  kInt4Bf16 = 7;
 struct Linear {
   Linear(int64_t kind, torch::Tensor weight, c10::optional<torch::Tensor> aux, c10::optional<torch::Tensor> bias,
          int64_t param);

@@ -33,7 +33,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
 Linear::Linear(int64_t kind, torch::Tensor weight, c10::optional<torch::Tensor> aux, c10::optional<torch::Tensor> bias,
                int64_t param)
     : kind(kind), weight(std::move(weight)), aux(std::move(aux)), bias(std::move(bias)), param(param) {
-  TORCH_CHECK(kind >= kDense && kind <= kBf16Own, "Linear: unknown kind ", kind);
+  TORCH_CHECK(kind >= kDense && kind <= kInt4Bf16, "Linear: unknown kind ", kind);
   TORCH_CHECK(kind == kDense || kind == kPacked || kind >= kDenseOwn || this->aux.has_value(),
               "Linear: this kind needs its second tensor");
 }
@@ -50,6 +50,7 @@ torch::Tensor Linear::operator()(const torch::Tensor& x) const {
   torch::Tensor y;
   if (kind == kDenseOwn) y = dense_gemm(x, weight, param);
   else if (kind == kBf16Own) y = bf16_gemm(x, weight);
+  else if (kind == kInt4Bf16) y = int4_bf16_gemm(x, weight);
   else if (kind == kInt4Own) y = int4_gemm(x, weight, *aux, param);
   else if (kind == kInt4Pack) y = at::_weight_int4pack_mm_for_cpu(x, weight, param, *aux);
   else y = at::_weight_int8pack_mm(x, weight, *aux);

@@ -46,14 +46,17 @@ def _prefill_logits(llm: LLM, ids: list[int]) -> torch.Tensor:  # [len(ids), V]
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-3), ("bfloat16", None)])
 def test_own_int4_logits_equal_the_dequantized_models(cache_path, dtype, tolerance):
-    """float32 (the own CPU kernel): equal within float tolerance. bfloat16 (the int4pack kernel, bf16 scales): the
-    same argmax at most positions; its error is the bf16 rounding of activations and scales, not the weights."""
+    """float32 (the own CPU kernel): equal within float tolerance. bfloat16 (a prefill: the int4pack kernel, bf16
+    scales): the same argmax at most positions; its error is the bf16 rounding of activations and scales, not the
+    weights."""
     ref = LLM(str(cache_path), dtype="float32", enable_prefix_caching=False)
     own = LLM(str(cache_path), dtype=dtype, quantization="auto", enable_prefix_caching=False)
     assert own.engine.worker.quantization.is_own
     int4 = [m for m in own.engine.model.modules() if isinstance(m, Int4Matmul)]
     assert len(int4) == 30 * 4 and all(m.has_own_kernel for m in int4)  # the GGUF's fp16 scales: the own kernel holds them
-    assert all(m.runs_own_kernel(torch.float32) and not m.runs_own_kernel(torch.bfloat16) for m in int4)  # AUTO
+    # AUTO: float32 on the own kernel; bfloat16 on the own bfloat16 kernel where the CPU has one, else int4pack
+    assert all(m.runs_own_kernel(torch.float32) for m in int4)
+    assert all(m.runs_own_kernel(torch.bfloat16) == (m.own_bf16_blocks is not None) for m in int4)
     ids = ref.tokenizer.encode(ref.chat_prompt([{"role": "user", "content": "What is the capital of France?"}]))
     expected, got = _prefill_logits(ref, ids), _prefill_logits(own, ids)
     if tolerance is not None:

@@ -120,6 +120,14 @@ def test_a_gguf_file_imports_to_hf_names_and_row_order(tmp_path):
         assert (got - torch.from_numpy(hf[role]).float()).abs().max() < 0.5  # the HF row order, not llama.cpp's
 
 
+def _cpu_has_bf16_kernels() -> bool:
+    from ssd.layers import cpu_kernels
+    from ssd_kernels.cpu import extension as own_ext
+
+    ext = cpu_kernels.extension()
+    return ext is not None and own_ext.BF16_AVX512 in own_ext.supported_paths(ext)
+
+
 def _fp16_exact_int4(n: int, k: int) -> Int4Weight:
     """A group-32 weight whose scales and mins are fp16 values, like the GGUF's Q4_1 blocks."""
     w = quantize_int4(torch.randn(n, k), 32)
@@ -137,7 +145,10 @@ def test_gguf_like_int4_on_each_kernel_choice_matches_the_reference(dtype, choic
     matmul = Int4Matmul(_fp16_exact_int4(96, 128), dtype, CPU)
     assert matmul.has_own_kernel and matmul.packed is not None
     matmul.kernel_choice = choice
-    own = choice in (Int4Kernel.OWN, Int4Kernel.OWN_INT8) or (choice == Int4Kernel.AUTO and dtype == torch.float32)
+    has_bf16_kernel = _cpu_has_bf16_kernels()
+    assert (matmul.own_bf16_blocks is not None) == (dtype == torch.bfloat16 and has_bf16_kernel)
+    auto_own = dtype == torch.float32 or has_bf16_kernel  # AUTO: bfloat16 runs own where its bfloat16 kernel runs
+    own = choice in (Int4Kernel.OWN, Int4Kernel.OWN_INT8) or (choice == Int4Kernel.AUTO and auto_own)
     assert matmul.runs_own_kernel(dtype) == own
     x = torch.randn(rows, 128).to(dtype)
     tolerance = 5e-2 if choice == Int4Kernel.OWN_INT8 and dtype == torch.bfloat16 else TOLERANCE[dtype]

@@ -1,0 +1,61 @@
+"""The CPU int4 GEMM of group-32 weights (GGUF Q4_0 / Q4_1 values) for bfloat16 activations on AVX512-BF16:
+launcher, layout and reference.
+
+`int4_bf16_gemm` runs ssd_kernels/cpu/int4_bf16_gemm.cpp (threads over units of 64 output features);
+`int4_bf16_gemm_reference` is its plain-torch twin (dequantize in float32, float32 products and sums, rounded to
+bfloat16 once). Layout (see int4_bf16_gemm.cpp): blocks [N / 16, K / 32, 320] uint8, per block of 16 output
+features and group of 32 input features the codes in 8 chunks of 32 bytes, then the 16 d's and 16 m's (fp16);
+w = q * d + m.
+"""
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 16  # output features per block: N must be a multiple of this
+GROUP = 32  # input features per group: K must be a multiple of this
+GROUP_BYTES = 320
+
+
+def pack_q32_bf16(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q [N, K] integers 0..15, d / m [N, K / 32] (w = q d + m, fp16-exact) -> the kernel's blocks."""
+    n, k = q.shape
+    if n % BLOCK or k % GROUP or d.shape != (n, k // GROUP) or m.shape != d.shape:
+        raise ValueError(f"int4_bf16_gemm packs N a multiple of {BLOCK} and K of {GROUP} with d / m [N, K / 32], "
+                         f"got q {tuple(q.shape)}, d {tuple(d.shape)}, m {tuple(m.shape)}")
+    g = q.to(torch.int32).view(n // BLOCK, BLOCK, k // GROUP, 4, 4, 2)  # [B, f, G, nibble, c, h]: k = 8 nibble + 2c + h
+    words = g[..., 0, :, :] | g[..., 1, :, :] << 4 | g[..., 2, :, :] << 8 | g[..., 3, :, :] << 12  # [B, f, G, c, h]
+    words = words.permute(0, 2, 3, 1, 4).to(torch.int16).contiguous()  # [B, G, c, f, h] (wraps above 0x7FFF: bits kept)
+    codes = words.view(torch.uint8).view(n // BLOCK, k // GROUP, 256)
+    def scales(s: torch.Tensor) -> torch.Tensor:  # [N, G] -> [B, G, 32] bytes of the 16 features' fp16 values
+        s = s.to(torch.float16).view(n // BLOCK, BLOCK, k // GROUP).permute(0, 2, 1).contiguous()
+        return s.view(torch.uint8)
+    return torch.cat([codes, scales(d), scales(m)], -1).contiguous()  # [B, G, 320]
+
+
+def unpack_q32_bf16(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_q32_bf16`: (q [N, K] uint8, d [N, G] float32, m [N, G] float32)."""
+    nb, groups, _ = blocks.shape
+    words = blocks[..., :256].contiguous().view(torch.int16).view(nb, groups, 4, BLOCK, 2).to(torch.int32)
+    q = torch.stack([(words >> (4 * i)) & 0xF for i in range(4)], 2)  # [B, G, nibble, c, f, h]
+    q = q.permute(0, 4, 1, 2, 3, 5).reshape(nb * BLOCK, groups * GROUP).to(torch.uint8)  # [N, K]
+    def scales(raw: torch.Tensor) -> torch.Tensor:  # [B, G, 32] bytes -> [N, G] float32
+        return raw.contiguous().view(torch.float16).permute(0, 2, 1).reshape(nb * BLOCK, groups).float()
+    return q, scales(blocks[..., 256:288]), scales(blocks[..., 288:])
+
+
+def int4_bf16_gemm_reference(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Dequantize in float32, then F.linear in float32, rounded to bfloat16: x [M, K] -> [M, N]."""
+    q, d, m = unpack_q32_bf16(blocks)
+    n, k = q.shape
+    w = q.view(n, k // GROUP, GROUP).float() * d[..., None] + m[..., None]  # [N, G, 32]
+    return F.linear(x.float(), w.view(n, k)).bfloat16()
+
+
+def int4_bf16_gemm(ext: ModuleType, x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, w given by `blocks` in this module's layout."""
+    if x.dim() != 2 or blocks.dim() != 3 or blocks.shape[1:] != (x.shape[1] // GROUP, GROUP_BYTES) or x.shape[1] % GROUP:
+        raise ValueError(f"int4_bf16_gemm: x [M, K] and blocks [N/16, K/32, 320] do not match: "
+                         f"{tuple(x.shape)}, {tuple(blocks.shape)}")
+    return ext.int4_bf16_gemm(x, blocks)
