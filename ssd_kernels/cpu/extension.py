@@ -22,7 +22,7 @@ FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512 = 1, 2, 4, 8  # the kernels' 
 _FOLDER = Path(__file__).parent
 _SOURCES = ("int4_gemm.cpp", "q8_gemm.cpp", "dense_gemm.cpp", "bf16_gemm.cpp", "int4_bf16_gemm.cpp", "layer_ops.cpp",
             "decoder_layer.cpp", "module.cpp")
-_HEADERS = ("cpu_kernels.h",)
+_HEADERS = ("cpu_kernels.h", "vector512.h")
 _CFLAGS = ["-O3", "-fopenmp"]  # the ISA is chosen per function (target attributes), not for the whole file
 
 

@@ -6,6 +6,7 @@
 // (after the residual add, after the norm, the norm weight's product, the attention output). Every row (token,
 // query) runs the same arithmetic whatever the batch, the number of queries or threads.
 #include "cpu_kernels.h"
+#include "vector512.h"
 
 #include <cmath>
 #include <cstring>
@@ -33,18 +34,49 @@ bool all_in_range(const int64_t* values, int64_t n, int64_t bound) {  // every v
   return true;
 }
 
+bool has_512() {  // whether the AVX-512 versions of the row loops run here
+  static const bool yes = (supported_paths() & kFloat512) != 0;
+  return yes;
+}
+
+// One row of rms_norm_rows, 16 lanes at a time (n a multiple of 16): the same roundings, the squares summed per lane.
+template <typename T>
+SSD_TARGET_512 void rms_norm_row_512(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int64_t n,
+                                     float eps, float* s) {
+  __m512 squares = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = load16(x + i);
+    if (residual != nullptr) {
+      v = round16(_mm512_add_ps(v, load16(residual + i)), x);  // the new residual stream, in x's dtype
+      store16(sum_out + i, v);
+    }
+    _mm512_storeu_ps(s + i, v);
+    squares = _mm512_fmadd_ps(v, v, squares);
+  }
+  const float inv = 1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; i += 16)
+    store16(out + i, _mm512_mul_ps(load16(weight + i), round16(_mm512_mul_ps(_mm512_loadu_ps(s + i), _mm512_set1_ps(inv)), x)));
+}
+
 template <typename T>
 void rms_norm_rows(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int64_t rows, int64_t n,
                    float eps) {
+  const bool wide = has_512() && n % 16 == 0;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> s(n);
     for (int64_t r = begin; r < end; ++r) {
+      const T* res = residual == nullptr ? nullptr : residual + r * n;
+      T* sum_row = sum_out == nullptr ? nullptr : sum_out + r * n;
+      if (wide) {
+        rms_norm_row_512(x + r * n, res, weight, out + r * n, sum_row, n, eps, s.data());
+        continue;
+      }
       float squares = 0.f;
       for (int64_t i = 0; i < n; ++i) {
         float v = load(x, r * n + i);
-        if (residual != nullptr) {
-          v = round_to(v + load(residual, r * n + i), x);  // the new residual stream, in x's dtype
-          store(sum_out, r * n + i, v);
+        if (res != nullptr) {
+          v = round_to(v + load(res, i), x);  // the new residual stream, in x's dtype
+          store(sum_row, i, v);
         }
         s[i] = v;
         squares += v * v;
@@ -75,16 +107,53 @@ void rope_rows(const T* x, int64_t x_stride, const int64_t* positions, const flo
   });
 }
 
+// silu(gate[i]) * up[i] for i < n - n % 16, 16 lanes at a time; returns where the scalar loop goes on.
+template <typename T>
+SSD_TARGET_512 int64_t silu_mul_row_512(const T* gate, const T* up, T* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = load16(gate + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 silu = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), gate);
+    store16(out + i, _mm512_mul_ps(silu, load16(up + i)));
+  }
+  return i;
+}
+
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t n) {
+  const bool wide = has_512();
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t start = wide ? silu_mul_row_512(x + r * 2 * n, x + r * 2 * n + n, out + r * n, n) : 0;
+      for (int64_t i = start; i < n; ++i) {
         const float g = load(x, r * 2 * n + i);
         const float silu = round_to(g / (1.f + std::exp(-g)), x);
         store(out, r * n + i, silu * load(x, r * 2 * n + n + i));
       }
+    }
   });
+}
+
+// scores[j] = exp(scores[j] - best) for j < count; returns their sum (16 lanes, then the rest one by one).
+SSD_TARGET_512 float exp_sum_512(float* scores, int64_t count, float best) {
+  __m512 sum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= count; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + j), _mm512_set1_ps(best)));
+    _mm512_storeu_ps(scores + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  float total = _mm512_reduce_add_ps(sum);
+  for (; j < count; ++j) total += (scores[j] = std::exp(scores[j] - best));
+  return total;
+}
+
+float exp_sum(float* scores, int64_t count, float best) {
+  if (has_512()) return exp_sum_512(scores, count, best);
+  float total = 0.f;
+  for (int64_t j = 0; j < count; ++j) total += (scores[j] = std::exp(scores[j] - best));
+  return total;
 }
 
 // A key or value row as 8 float32 lanes, AVX2 (float32 rows as they are, bfloat16 ones widened).
@@ -126,8 +195,7 @@ SSD_TARGET_256 void attend_group(const T* q, const T* keys, const T* values, con
         scores[j] = dot_256(qf.data(), key, D) * scale;
         best = std::max(best, scores[j]);
       }
-      float total = 0.f;
-      for (int64_t j = 0; j < visible; ++j) total += (scores[j] = std::exp(scores[j] - best));
+      const float total = exp_sum(scores.data(), visible, best);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < visible; ++j) {
         const T* value = values + slots[j] * D;

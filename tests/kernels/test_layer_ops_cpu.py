@@ -184,3 +184,16 @@ def test_where_autograd_records_the_layers_keep_torchs_ops_and_their_gradients(o
     x.grad, norm.weight.grad = None, None
     _torch(lambda: loss().backward())
     assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], norm.weight.grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_at_the_ends_of_the_float_range(ops, dtype):
+    """Gates far out in both tails, zero, and one NaN: the op's exp neither overflows into NaN nor loses the sign."""
+    gate = torch.tensor([-1e4, -100.0, -88.0, -20.0, -1.0, 0.0, 1e-30, 1.0, 20.0, 88.0, 100.0, 1e4, 3.0, -3.0, 0.5,
+                         float("nan")] * 2)
+    x = torch.cat([gate, torch.full_like(gate, 2.0)])[None].to(dtype)  # [1, 2 x 32]
+    act = SiluAndMul()
+    got, expected = act(x), _torch(lambda: act(x))
+    assert torch.equal(got.isnan(), expected.isnan())
+    finite = ~expected.isnan()
+    assert _close(got[finite], expected[finite], dtype)
