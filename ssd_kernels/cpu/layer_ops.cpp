@@ -206,16 +206,83 @@ SSD_TARGET_256 void attend_group(const T* q, const T* keys, const T* values, con
   }
 }
 
+// AVX-512, D = 16 DV: GB query heads that share one KV head (their rows of q at q_rows), one query that sees keys
+// 0 .. visible - 1. Each key and value row is widened once for the GB heads, and the GB outputs stay in registers.
+// scores: [GB, S] scratch.
+template <typename T, int GB, int DV>
+SSD_TARGET_512 void attend_heads_512(const T* q, const int64_t* q_rows, const T* keys, const T* values,
+                                     const int64_t* slots, int64_t visible, T* out, float scale, float* scores,
+                                     int64_t S) {
+  constexpr int64_t D = DV * 16;
+  __m512 qv[GB][DV];
+  float best[GB];
+  for (int g = 0; g < GB; ++g) {
+    for (int v = 0; v < DV; ++v) qv[g][v] = load16(q + q_rows[g] + 16 * v);
+    best[g] = -std::numeric_limits<float>::infinity();
+  }
+  for (int64_t j = 0; j < visible; ++j) {
+    __m512 key[DV];
+    for (int v = 0; v < DV; ++v) key[v] = load16(keys + slots[j] * D + 16 * v);
+    for (int g = 0; g < GB; ++g) {
+      __m512 dot = _mm512_mul_ps(qv[g][0], key[0]);
+      for (int v = 1; v < DV; ++v) dot = _mm512_fmadd_ps(qv[g][v], key[v], dot);
+      const float score = _mm512_reduce_add_ps(dot) * scale;
+      scores[g * S + j] = score;
+      best[g] = std::max(best[g], score);
+    }
+  }
+  float total[GB];
+  for (int g = 0; g < GB; ++g) total[g] = exp_sum_512(scores + g * S, visible, best[g]);
+  __m512 acc[GB][DV];
+  for (int g = 0; g < GB; ++g)
+    for (int v = 0; v < DV; ++v) acc[g][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < visible; ++j) {
+    __m512 value[DV];
+    for (int v = 0; v < DV; ++v) value[v] = load16(values + slots[j] * D + 16 * v);
+    for (int g = 0; g < GB; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * S + j] / total[g]);
+      for (int v = 0; v < DV; ++v) acc[g][v] = _mm512_fmadd_ps(p, value[v], acc[g][v]);
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int v = 0; v < DV; ++v) store16(out + q_rows[g] + 16 * v, acc[g][v]);
+}
+
+// attend_group on AVX-512 for D = 64 (up to 4 heads a pass) or D = 128 (up to 2); false where it does not serve D.
+template <typename T>
+bool attend_group_512(const T* q, const T* keys, const T* values, const int64_t* slots, int64_t seq_len, T* out,
+                      int64_t b, int64_t kvh, int64_t Q, int64_t H, int64_t G, int64_t D, float scale, float* scores,
+                      int64_t S) {
+  using Fn = void (*)(const T*, const int64_t*, const T*, const T*, const int64_t*, int64_t, T*, float, float*, int64_t);
+  static const Fn d64[4] = {attend_heads_512<T, 1, 4>, attend_heads_512<T, 2, 4>, attend_heads_512<T, 3, 4>,
+                            attend_heads_512<T, 4, 4>};
+  static const Fn d128[2] = {attend_heads_512<T, 1, 8>, attend_heads_512<T, 2, 8>};
+  if (!has_512() || (D != 64 && D != 128)) return false;
+  const int64_t most = D == 64 ? 4 : 2;
+  int64_t q_rows[4];
+  for (int64_t i = 0; i < Q; ++i) {
+    const int64_t visible = seq_len - Q + i + 1;
+    for (int64_t g0 = 0; g0 < G; g0 += most) {
+      const int64_t heads = std::min(most, G - g0);
+      for (int64_t g = 0; g < heads; ++g) q_rows[g] = ((b * Q + i) * H + kvh * G + g0 + g) * D;
+      (D == 64 ? d64 : d128)[heads - 1](q, q_rows, keys, values, slots, visible, out, scale, scores, S);
+    }
+  }
+  return true;
+}
+
 template <typename T>
 void attention_rows(const T* q, const T* kv, const int64_t* kv_slots, const int64_t* seq_lens, T* out, int64_t B,
                     int64_t Q, int64_t H, int64_t KVH, int64_t D, int64_t num_slots, int64_t S, float scale) {
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(S), acc(D), qf(D);
+    std::vector<float> scores(4 * S), acc(D), qf(D);  // scores: up to 4 heads at once (attend_group_512)
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / KVH, kvh = w % KVH;
       const T* keys = kv + kvh * num_slots * D;
       const T* values = kv + (KVH + kvh) * num_slots * D;
-      attend_group<T>(q, keys, values, kv_slots + b * S, seq_lens[b], out, b, kvh, Q, H, H / KVH, D, scale, scores, acc, qf);
+      if (!attend_group_512<T>(q, keys, values, kv_slots + b * S, seq_lens[b], out, b, kvh, Q, H, H / KVH, D, scale,
+                               scores.data(), S))
+        attend_group<T>(q, keys, values, kv_slots + b * S, seq_lens[b], out, b, kvh, Q, H, H / KVH, D, scale, scores, acc, qf);
     }
   });
 }
