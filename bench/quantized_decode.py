@@ -66,7 +66,7 @@ def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: st
     choice = {"int4-own": Int4Kernel.OWN, "int4-own-int8act": Int4Kernel.OWN_INT8, "int4-torch": Int4Kernel.TORCH,
               "int4-torch-fp32": Int4Kernel.TORCH}.get(base, Int4Kernel.AUTO)
     if "float-head" in name.split("/"):
-        llm.engine.model.lm_head.q8_blocks = None
+        llm.engine.model.lm_head.q8_blocks = llm.engine.model.lm_head.q8_bf16_blocks = None
     if "op-by-op" in name.split("/"):
         for layer in llm.engine.model.model.layers:
             layer.fused = None

@@ -8,7 +8,8 @@ int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path whe
 int8 in groups of 32, as llama.cpp does). bfloat16 activations on AVX512-BF16 run a second int4 kernel of their own
 layout (`int4_bf16_layout`: 16 output features per vector, the codes as exact bfloat16 numbers, vdpbf16ps).
 Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
-q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path only; ParallelLMHead uses it.
+q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path, and for bfloat16 activations on
+AVX512-BF16 a kernel of the int4 bfloat16 kernel's kind (`q8_bf16_layout`); ParallelLMHead uses them.
 Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows), float32
 as it is on AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses
 them where torch's GEMMs read the weight far below the memory's speed at few rows (docs/benchmarks.md).
@@ -29,7 +30,7 @@ import structlog
 import torch
 
 from ssd.paths import cache_root
-from ssd_kernels.cpu import bf16_gemm, dense_gemm, q8_gemm
+from ssd_kernels.cpu import bf16_gemm, dense_gemm, q8_bf16_gemm, q8_gemm
 from ssd_kernels.cpu import extension as own_ext
 from ssd_kernels.cpu import int4_bf16_gemm as own_bf16
 from ssd_kernels.cpu import int4_gemm as own
@@ -167,6 +168,36 @@ def q8_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     if not torch.equal(scales.float().half().float(), scales.float()) or extension() is None:
         return None
     return q8_gemm.pack_q8(codes, scales.float())
+
+
+def q8_bf16_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """The q8 bfloat16 kernel's blocks for codes [N, K] int8 and scales [N, K / 32]; None where it cannot hold them
+    exactly (other shapes, non-fp16 scales), this CPU has no AVX512-BF16, or the extension cannot be built here."""
+    n, k = codes.shape
+    if n % q8_bf16_gemm.BLOCK or k % q8_bf16_gemm.GROUP or scales.shape != (n, k // q8_bf16_gemm.GROUP):
+        return None
+    if not torch.equal(scales.float().half().float(), scales.float()) or extension() is None:
+        return None
+    if own_ext.BF16_AVX512 not in own_ext.supported_paths(extension()):
+        return None
+    return q8_bf16_gemm.pack_q8_bf16(codes, scales.float())
+
+
+def q8_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, for blocks made by `q8_bf16_layout`."""
+    if torch.compiler.is_compiling():
+        return torch.ops.ssd.q8_bf16_gemm(x, blocks)
+    return extension().q8_bf16_gemm(x, blocks)  # type: ignore[union-attr]
+
+
+@torch.library.custom_op("ssd::q8_bf16_gemm", mutates_args=())
+def _q8_bf16_gemm_op(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    return extension().q8_bf16_gemm(x, blocks)  # type: ignore[union-attr]
+
+
+@_q8_bf16_gemm_op.register_fake
+def _(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], blocks.shape[0] * q8_bf16_gemm.BLOCK)
 
 
 def q8_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

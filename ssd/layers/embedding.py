@@ -43,6 +43,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None
     q8_blocks: torch.Tensor | None = None  # [V / size / 4, d / 32, 136]: this rank's rows in the q8 kernel's layout
+    q8_bf16_blocks: torch.Tensor | None = None  # [V / size / 16, d / 32, 544]: in the q8 bfloat16 kernel's layout
     own: cpu_kernels.OwnMatmul | None = None  # the own float kernel (set by `pack`)
 
     def pack(self) -> None:
@@ -58,11 +59,19 @@ class ParallelLMHead(VocabParallelEmbedding):
         if not torch.equal(Q8Weight(codes, scales).dequantize().to(self.weight.dtype), self.weight.detach()):
             log.warning("q8_0 LM head skipped: its values are not the float head's")
             return False
-        self.q8_blocks = cpu_kernels.q8_layout(codes, scales) if self.weight.device.type == "cpu" else None
-        return self.q8_blocks is not None
+        if self.weight.device.type != "cpu":
+            return False
+        if self.weight.dtype == torch.bfloat16:  # bfloat16 hidden states: the bfloat16 kernel, where the CPU has it
+            self.q8_bf16_blocks = cpu_kernels.q8_bf16_layout(codes, scales)
+        if self.q8_bf16_blocks is None:
+            self.q8_blocks = cpu_kernels.q8_layout(codes, scales)
+        return self.q8_blocks is not None or self.q8_bf16_blocks is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, V] float32
-        if self.q8_blocks is not None and hidden.shape[0] <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu":
+        few_rows = hidden.shape[0] <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu"
+        if self.q8_bf16_blocks is not None and few_rows and hidden.dtype == torch.bfloat16:
+            logits = cpu_kernels.q8_bf16_matmul(hidden, self.q8_bf16_blocks)  # [N, V / size]
+        elif self.q8_blocks is not None and few_rows:
             logits = cpu_kernels.q8_matmul(hidden, self.q8_blocks)  # [N, V / size]
         else:
             logits = packed_linear(hidden, self.packed, self.weight, None, self.own)  # [N, V / size]: this rank's

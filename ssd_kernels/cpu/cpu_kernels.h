@@ -44,6 +44,7 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64
 torch::Tensor dense_gemm(const torch::Tensor& x, const torch::Tensor& weight, int64_t path);
 torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
+torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
                                     const torch::Tensor& weight, double eps);
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,

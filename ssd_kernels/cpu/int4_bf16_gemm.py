@@ -4,8 +4,8 @@ launcher, layout and reference.
 `int4_bf16_gemm` runs ssd_kernels/cpu/int4_bf16_gemm.cpp (threads over units of 64 output features);
 `int4_bf16_gemm_reference` is its plain-torch twin (dequantize in float32, float32 products and sums, rounded to
 bfloat16 once). Layout (see int4_bf16_gemm.cpp): blocks [N / 16, K / 32, 320] uint8, per block of 16 output
-features and group of 32 input features the codes in 8 chunks of 32 bytes, then the 16 d's and 16 m's (fp16);
-w = q * d + m.
+features and group of 32 input features the codes in 4 chunks of 32 16-bit words (nibble n of word 2f + h of chunk
+c: feature f, input 2c + 8n + h), then the 16 d's and 16 m's (fp16); w = q * d + m.
 """
 
 from types import ModuleType

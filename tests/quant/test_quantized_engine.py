@@ -200,3 +200,31 @@ def test_a_q8_head_that_is_not_the_float_heads_is_refused_and_not_reported(model
     assert llm.engine.worker.model.lm_head.q8_blocks is None
     assert not llm.engine.worker.quantization.has_q8_head
     assert "q8_0" not in llm.engine.worker.quantization.describe()
+
+
+@pytest.mark.parametrize("which", ["sd-eagle3", "ssd"])
+def test_bfloat16_greedy_speculation_equals_ar_on_the_own_bfloat16_kernels(models, tmp_path, which):
+    """bfloat16 activations on the int4 and Q8_0 kernels of AVX512-BF16 CPUs: each row gets the same bits in a decode
+    step and in a verify, so sd and ssd == ar token for token in bfloat16 too (elsewhere: skipped)."""
+    from ssd.layers import cpu_kernels
+    from ssd_kernels.cpu import extension as own_ext
+
+    ext = cpu_kernels.extension()
+    if ext is None or own_ext.BF16_AVX512 not in own_ext.supported_paths(ext):
+        pytest.skip("this CPU has no AVX512-BF16")
+    target, draft, head = models
+    folder = _copy_with_gguf_like_int4_cache(target, tmp_path)
+
+    def llm(spec: SpeculationConfig | None = None) -> LLM:
+        return LLM(str(folder), dtype="bfloat16", block_size=4, kv_cache_memory_mb=8, quantization="auto",
+                   speculation=spec)
+
+    ar = llm()
+    int4 = [m for m in ar.engine.worker.model.modules() if isinstance(m, Int4Matmul)]
+    assert int4 and all(m.own_bf16_blocks is not None and m.runs_own_kernel(torch.bfloat16) for m in int4)
+    assert ar.engine.worker.model.lm_head.q8_bf16_blocks is not None
+    spec = {"sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
+            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+    spec_llm = llm(spec)
+    assert _greedy(spec_llm, 4) == _greedy(ar, 4)
+    assert spec_llm.engine.speculative_decoder.counters.num_drafts > 0

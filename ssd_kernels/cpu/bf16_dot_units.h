@@ -1,0 +1,155 @@
+// The loop the AVX512-BF16 kernels of group-32 quantized weights share (int4_bf16_gemm.cpp, q8_bf16_gemm.cpp), for
+// bfloat16 x on Zen 4 / Sapphire Rapids.
+//
+// The weight is cut into blocks of 16 output features, one float32 lane each, and each block into groups of 32
+// input features, one sequential stream of Format::kGroupBytes per group. Per group a Format decodes the block's
+// codes, chunk by chunk, into vectors of 32 exact bfloat16 numbers, lane 2f + h holding feature f's code for input
+// 2p + h of some pair p; one vdpbf16ps with x's pair p broadcast adds both products to lane f. After the group, the
+// Format's epilogue scales that dot into the output (y[f] += d[f] * dot[f] + ...). The 16 lanes are 16 outputs: no
+// horizontal sums. A unit of up to 4 blocks and up to 4 rows of x keeps its sums in registers; threads split units.
+// Every output runs the same sequence of operations whatever the number of rows or threads, so a decode step and a
+// verify of K + 1 positions give each position the same bits.
+//
+// A Format has: kGroupBytes, kChunks, kChunkBytes, kVectors (decoded vectors per chunk), kNeedsSums (whether the
+// epilogue reads x's group sums), decode(chunk, out[kVectors]), input(c, n) (the first input of vector n of chunk
+// c, within the group) and epilogue(acc, dot, scales, xsum) (scales: the group's bytes after the codes).
+#pragma once
+
+#include "cpu_kernels.h"
+
+#include <cstring>
+
+namespace ssd_cpu {
+namespace bf16dot {
+
+constexpr int64_t kBlock = 16;  // output features per block
+constexpr int64_t kUnit = 4;    // blocks per unit
+constexpr int64_t kGroup = 32;  // input features per group
+constexpr int64_t kAhead = 6;   // groups read ahead (software prefetch: the hardware's falls behind 4 streams)
+
+#define SSD_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")))
+
+struct Operands {
+  const uint8_t* blocks;  // [N / 16, G, Format::kGroupBytes]
+  const uint16_t* x;      // [M, K] bfloat16
+  const float* xsum;      // [M, G] float32 sums of x's groups (Formats that read them)
+  uint16_t* y;            // [M, N] bfloat16
+  int64_t K, N, G;
+};
+
+inline int32_t pair_at(const uint16_t* x, int64_t k) {  // x[k], x[k + 1] as one 32-bit word
+  int32_t pair;
+  std::memcpy(&pair, x + k, 4);
+  return pair;
+}
+
+// Rows m0 .. m0 + RB - 1 of x times blocks b0 .. b0 + FB - 1.
+template <class Format, int RB, int FB>
+SSD_TARGET_BF16 void unit_dot(const Operands& o, int64_t b0, int64_t m0) {
+  const uint8_t* w[FB];
+  for (int b = 0; b < FB; ++b) w[b] = o.blocks + (b0 + b) * o.G * Format::kGroupBytes;
+  const uint16_t* x[RB];
+  for (int i = 0; i < RB; ++i) x[i] = o.x + (m0 + i) * o.K;
+  __m512 acc[RB][FB];
+  for (int i = 0; i < RB; ++i)
+    for (int b = 0; b < FB; ++b) acc[i][b] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < o.G; ++g) {
+    for (int b = 0; b < FB; ++b)
+      for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w[b] + (g + kAhead) * Format::kGroupBytes + line), _MM_HINT_T0);
+    __m512 dot[RB][FB];  // this group's sum_k code[f, k] x[k]
+    for (int i = 0; i < RB; ++i)
+      for (int b = 0; b < FB; ++b) dot[i][b] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < Format::kChunks; ++c) {
+      __m512bh codes[FB][Format::kVectors];
+      for (int b = 0; b < FB; ++b) Format::decode(w[b] + g * Format::kGroupBytes + c * Format::kChunkBytes, codes[b]);
+      for (int i = 0; i < RB; ++i)
+        for (int n = 0; n < Format::kVectors; ++n) {
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair_at(x[i], g * kGroup + Format::input(c, n)));
+          for (int b = 0; b < FB; ++b) dot[i][b] = _mm512_dpbf16_ps(dot[i][b], codes[b][n], xv);
+        }
+    }
+    for (int b = 0; b < FB; ++b) {
+      const uint8_t* scales = w[b] + g * Format::kGroupBytes + Format::kChunks * Format::kChunkBytes;
+      for (int i = 0; i < RB; ++i) {
+        const float xsum = Format::kNeedsSums ? o.xsum[(m0 + i) * o.G + g] : 0.f;
+        acc[i][b] = Format::epilogue(acc[i][b], dot[i][b], scales, xsum);
+      }
+    }
+  }
+  for (int i = 0; i < RB; ++i)
+    for (int b = 0; b < FB; ++b) {  // round to bfloat16 (nearest even, as torch rounds)
+      const __m256i bits = (__m256i)_mm512_cvtneps_pbh(acc[i][b]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.y + (m0 + i) * o.N + (b0 + b) * kBlock), bits);
+    }
+}
+
+// Every unit for every pass of up to 4 rows of x. Passes of 1-2 rows take up to 4 blocks at once (independent sums
+// for one row), passes of 3-4 rows up to 2 (the sums must fit in the 32 vector registers).
+template <class Format>
+void run_units(const Operands& o, int64_t M) {
+  using UnitFn = void (*)(const Operands&, int64_t, int64_t);
+  static const UnitFn narrow[2][4] = {{unit_dot<Format, 1, 1>, unit_dot<Format, 1, 2>, unit_dot<Format, 1, 3>,
+                                       unit_dot<Format, 1, 4>},
+                                      {unit_dot<Format, 2, 1>, unit_dot<Format, 2, 2>, unit_dot<Format, 2, 3>,
+                                       unit_dot<Format, 2, 4>}};
+  static const UnitFn wide[2][2] = {{unit_dot<Format, 3, 1>, unit_dot<Format, 3, 2>},
+                                    {unit_dot<Format, 4, 1>, unit_dot<Format, 4, 2>}};
+  const int64_t num_blocks = o.N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
+  at::parallel_for(0, num_units, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t b0 = u * kUnit, fb = std::min<int64_t>(kUnit, num_blocks - b0);
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+        const int64_t rows = std::min<int64_t>(kRowsPerPass, M - m0);
+        if (rows <= 2) {
+          narrow[rows - 1][fb - 1](o, b0, m0);
+          continue;
+        }
+        for (int64_t b = 0; b < fb; b += 2) wide[rows - 3][std::min<int64_t>(2, fb - b) - 1](o, b0 + b, m0);
+      }
+    }
+  });
+}
+
+// x [M, K] bfloat16 -> the float32 sums of its groups of 32, [M, K / 32] (the same order for every row).
+inline void group_sums(const uint16_t* x, int64_t M, int64_t K, float* xsum) {
+  for (int64_t row = 0; row < M; ++row)
+    for (int64_t g = 0; g < K / kGroup; ++g) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < kGroup; ++j) {
+        const uint32_t bits = static_cast<uint32_t>(x[row * K + g * kGroup + j]) << 16;
+        float v;
+        std::memcpy(&v, &bits, 4);
+        sum += v;
+      }
+      xsum[row * (K / kGroup) + g] = sum;
+    }
+}
+
+// y = x @ w.T for blocks [N / 16, K / 32, Format::kGroupBytes] uint8 and x [M, K] bfloat16 -> [M, N] bfloat16.
+template <class Format>
+torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& blocks, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3 && blocks.size(2) == Format::kGroupBytes && x.size(1) % kGroup == 0 &&
+                  blocks.size(1) * kGroup == x.size(1),
+              name, ": x [M, K] with K a multiple of 32, blocks [N/16, K/32, ", Format::kGroupBytes, "]");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
+              name, ": bfloat16 x and contiguous uint8 blocks");
+  TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(), name, ": CPU tensors only");
+  TORCH_CHECK(supported_paths() & kBf16Dot512, name, ": this CPU has no AVX512-BF16");
+  const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, N = blocks.size(0) * kBlock;
+  const torch::Tensor xc = x.contiguous();
+  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  torch::Tensor xsum;
+  if (Format::kNeedsSums) {
+    xsum = torch::empty({M, G}, x.options().dtype(at::kFloat));
+    group_sums(xp, M, K, xsum.data_ptr<float>());
+  }
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  const Operands o{blocks.data_ptr<uint8_t>(), xp, Format::kNeedsSums ? xsum.data_ptr<float>() : nullptr,
+                   reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), K, N, G};
+  run_units<Format>(o, M);
+  return y;
+}
+
+}  // namespace bf16dot
+}  // namespace ssd_cpu
