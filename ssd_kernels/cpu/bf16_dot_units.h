@@ -2,7 +2,9 @@
 // bfloat16 x on Zen 4 / Sapphire Rapids.
 //
 // The weight is cut into blocks of 16 output features, one float32 lane each, and each block into groups of 32
-// input features, one sequential stream of Format::kGroupBytes per group. Per group a Format decodes the block's
+// input features, Format::kGroupBytes each. Blocks come in units of 4 (the last unit may hold fewer), and a unit's
+// blocks are interleaved group by group: [unit][group][block of the unit][kGroupBytes], one sequential stream per
+// unit (the packers, interleave_units in ssd_kernels/cpu/bf16_units.py, lay them out so). Per group a Format decodes the block's
 // codes, chunk by chunk, into vectors of 32 exact bfloat16 numbers, lane 2f + h holding feature f's code for input
 // 2p + h of some pair p; one vdpbf16ps with x's pair p broadcast adds both products to lane f. After the group, the
 // Format's epilogue scales that dot into the output (y[f] += d[f] * dot[f] + ...). The 16 lanes are 16 outputs: no
@@ -46,23 +48,27 @@ inline int32_t pair_at(const uint16_t* x, int64_t k) {  // x[k], x[k + 1] as one
 // Rows m0 .. m0 + RB - 1 of x times blocks b0 .. b0 + FB - 1.
 template <class Format, int RB, int FB>
 SSD_TARGET_BF16 void unit_dot(const Operands& o, int64_t b0, int64_t m0) {
+  // The unit's blocks are interleaved group by group (see the layout above): group g of its block b at
+  // unit + (g * unit_blocks + b) * kGroupBytes, so the unit reads one sequential stream.
+  const int64_t u0 = b0 / kUnit * kUnit, unit_blocks = std::min<int64_t>(kUnit, o.N / kBlock - u0);
+  const uint8_t* unit = o.blocks + u0 * o.G * Format::kGroupBytes;
+  const int64_t stride = unit_blocks * Format::kGroupBytes;  // bytes from one group of the unit to the next
   const uint8_t* w[FB];
-  for (int b = 0; b < FB; ++b) w[b] = o.blocks + (b0 + b) * o.G * Format::kGroupBytes;
+  for (int b = 0; b < FB; ++b) w[b] = unit + (b0 - u0 + b) * Format::kGroupBytes;
   const uint16_t* x[RB];
   for (int i = 0; i < RB; ++i) x[i] = o.x + (m0 + i) * o.K;
   __m512 acc[RB][FB];
   for (int i = 0; i < RB; ++i)
     for (int b = 0; b < FB; ++b) acc[i][b] = _mm512_setzero_ps();
   for (int64_t g = 0; g < o.G; ++g) {
-    for (int b = 0; b < FB; ++b)
-      for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w[b] + (g + kAhead) * Format::kGroupBytes + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < FB * Format::kGroupBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(w[0] + (g + kAhead) * stride + line), _MM_HINT_T0);
     __m512 dot[RB][FB];  // this group's sum_k code[f, k] x[k]
     for (int i = 0; i < RB; ++i)
       for (int b = 0; b < FB; ++b) dot[i][b] = _mm512_setzero_ps();
     for (int64_t c = 0; c < Format::kChunks; ++c) {
       __m512bh codes[FB][Format::kVectors];
-      for (int b = 0; b < FB; ++b) Format::decode(w[b] + g * Format::kGroupBytes + c * Format::kChunkBytes, codes[b]);
+      for (int b = 0; b < FB; ++b) Format::decode(w[b] + g * stride + c * Format::kChunkBytes, codes[b]);
       for (int i = 0; i < RB; ++i)
         for (int n = 0; n < Format::kVectors; ++n) {
           const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair_at(x[i], g * kGroup + Format::input(c, n)));
@@ -70,7 +76,7 @@ SSD_TARGET_BF16 void unit_dot(const Operands& o, int64_t b0, int64_t m0) {
         }
     }
     for (int b = 0; b < FB; ++b) {
-      const uint8_t* scales = w[b] + g * Format::kGroupBytes + Format::kChunks * Format::kChunkBytes;
+      const uint8_t* scales = w[b] + g * stride + Format::kChunks * Format::kChunkBytes;
       for (int i = 0; i < RB; ++i) {
         const float xsum = Format::kNeedsSums ? o.xsum[(m0 + i) * o.G + g] : 0.f;
         acc[i][b] = Format::epilogue(acc[i][b], dot[i][b], scales, xsum);

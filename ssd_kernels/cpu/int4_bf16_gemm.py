@@ -13,6 +13,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from ssd_kernels.cpu.bf16_units import deinterleave_units, interleave_units
+
 BLOCK = 16  # output features per block: N must be a multiple of this
 GROUP = 32  # input features per group: K must be a multiple of this
 GROUP_BYTES = 320
@@ -31,11 +33,12 @@ def pack_q32_bf16(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Te
     def scales(s: torch.Tensor) -> torch.Tensor:  # [N, G] -> [B, G, 32] bytes of the 16 features' fp16 values
         s = s.to(torch.float16).view(n // BLOCK, BLOCK, k // GROUP).permute(0, 2, 1).contiguous()
         return s.view(torch.uint8)
-    return torch.cat([codes, scales(d), scales(m)], -1).contiguous()  # [B, G, 320]
+    return interleave_units(torch.cat([codes, scales(d), scales(m)], -1))  # [B, G, 320], units interleaved
 
 
 def unpack_q32_bf16(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inverse of `pack_q32_bf16`: (q [N, K] uint8, d [N, G] float32, m [N, G] float32)."""
+    blocks = deinterleave_units(blocks)
     nb, groups, _ = blocks.shape
     words = blocks[..., :256].contiguous().view(torch.int16).view(nb, groups, 4, BLOCK, 2).to(torch.int32)
     q = torch.stack([(words >> (4 * i)) & 0xF for i in range(4)], 2)  # [B, G, nibble, c, f, h]

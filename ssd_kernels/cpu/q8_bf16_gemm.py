@@ -13,6 +13,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from ssd_kernels.cpu.bf16_units import deinterleave_units, interleave_units
+
 BLOCK = 16  # output features per block: N must be a multiple of this
 GROUP = 32  # input features per group: K must be a multiple of this
 GROUP_BYTES = 544
@@ -27,11 +29,12 @@ def pack_q8_bf16(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     codes = q.to(torch.int8).view(n // BLOCK, BLOCK, k // GROUP, GROUP // 2, 2)  # [B, f, G, c, h]
     codes = codes.permute(0, 2, 3, 1, 4).reshape(n // BLOCK, k // GROUP, 512).view(torch.uint8)  # [B, G, c, f, h]
     ds = d.to(torch.float16).view(n // BLOCK, BLOCK, k // GROUP).permute(0, 2, 1).contiguous()  # [B, G, 16]
-    return torch.cat([codes, ds.view(torch.uint8)], -1).contiguous()  # [B, G, 544]
+    return interleave_units(torch.cat([codes, ds.view(torch.uint8)], -1))  # [B, G, 544], units interleaved
 
 
 def unpack_q8_bf16(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of `pack_q8_bf16`: (q [N, K] int8, d [N, G] float32)."""
+    blocks = deinterleave_units(blocks)
     nb, groups, _ = blocks.shape
     codes = blocks[..., :512].contiguous().view(torch.int8).view(nb, groups, GROUP // 2, BLOCK, 2)  # [B, G, c, f, h]
     q = codes.permute(0, 3, 1, 2, 4).reshape(nb * BLOCK, groups * GROUP)  # [N, K]
