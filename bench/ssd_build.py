@@ -4,14 +4,19 @@
 
 For each (batch, temperature): SSD with the shipped EAGLE-3 head generates `--output-len` tokens for `batch`
 prompts (MT-Bench and HumanEval in turn). The build runs synchronously right after each answer (the speculator's
-own `propose`), so build and verify never share the cores and each is timed alone. Prints, per case, the mean
-build ms per round, the mean verify ms per round and their ratio (the build hides inside the verify when <= 1).
+worker is an inline one), so build and verify never share the cores and each is timed alone. Prints, per case,
+the mean build ms per round, the mean verify ms per round and their ratio (the build hides inside the verify
+when <= 1).
 Compare two checkouts by running this file with PYTHONPATH set to each, one after the other.
 """
 
 import argparse
 import json
 import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 import torch
 
@@ -26,6 +31,44 @@ def _prompts(llm: LLM, batch: int) -> list[list[int]]:
     pool = [p for pair in zip(load_prompts("mtbench", 8), load_prompts("humaneval", 8), strict=True) for p in pair]
     texts = [llm.chat_prompt([{"role": "user", "content": p.text}]) if p.is_chat else p.text for p in pool]
     return [llm.tokenizer.encode(texts[i % len(texts)]) for i in range(batch)]
+
+
+class InlineWorker:
+    """A SpeculatorWorker that runs every call at once on the caller's thread, so that a cache build never overlaps
+    the verify and each is timed alone."""
+
+    def __init__(self) -> None:
+        self.build_windows: deque[tuple[float, float]] = deque(maxlen=256)
+        self.num_failed_builds = 0
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with torch.inference_mode():
+            return fn(*args)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        done: Future = Future()
+        done.set_result(self.call(fn, *args))
+        return done
+
+    def submit_build(self, build: Callable[..., None], job: object) -> Future:
+        started = time.perf_counter()
+        done = self.submit(build, job)
+        self.build_windows.append((started, time.perf_counter()))
+        return done
+
+    def close(self) -> None:
+        pass
+
+
+def serial_ssd_llm(model: str, draft: str, k: int, dtype: str) -> LLM:
+    """An SSD engine whose speculator answers and builds one after the other, on the caller's thread."""
+    speculation = SpeculationConfig(ProposerChoice(draft), num_speculative_tokens=k, k_schedule=((64, k),),
+                                    ssd=SsdConfig(backup=Backup.NEURAL))
+    llm = LLM(model, dtype=dtype, speculation=speculation)
+    overlapped = llm.engine.speculative_decoder.proposer
+    overlapped.worker.close()
+    overlapped.worker = InlineWorker()
+    return llm
 
 
 def time_case(llm: LLM, batch: int, temperature: float, output_len: int) -> dict[str, float]:
@@ -57,13 +100,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    speculation = SpeculationConfig(ProposerChoice(args.draft), num_speculative_tokens=args.k, k_schedule=((64, args.k),),
-                                    ssd=SsdConfig(backup=Backup.NEURAL))
-    llm = LLM(args.model, dtype=args.dtype, speculation=speculation)
-    overlapped = llm.engine.speculative_decoder.proposer
-    # answer + build one after the other: each timed alone
-    llm.engine.speculative_decoder.proposer = overlapped.speculator
-    overlapped.close()
+    llm = serial_ssd_llm(args.model, args.draft, args.k, args.dtype)
     time_case(llm, 1, 0.0, 8)  # warm-up
     for batch in (int(b) for b in args.batch.split(",")):
         for temperature in (float(t) for t in args.temp.split(",")):
