@@ -76,7 +76,8 @@ class Int4Matmul(nn.Module):
         return self.own_blocks is not None and self.codes.device.type == "cpu"
 
     def runs_own_kernel(self, dtype: torch.dtype) -> bool:
-        """Whether activations of `dtype` (up to cpu_kernels.MAX_ROWS rows) run the own kernel."""
+        """Whether activations of `dtype` run the own kernel (its float paths up to cpu_kernels.MAX_ROWS rows, its
+        bfloat16 kernel any number)."""
         if not self.has_own_kernel or self.kernel_choice == Int4Kernel.TORCH:
             return False
         return (self.kernel_choice != Int4Kernel.AUTO or dtype == torch.float32 or self.packed is None
@@ -97,7 +98,9 @@ class Int4Matmul(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        if x.shape[0] <= cpu_kernels.MAX_ROWS:
+        # the bfloat16 kernel serves any number of rows (2x torch's int4pack from 16 to 256 rows on Zen 4,
+        # docs/benchmarks.md); the float path re-reads the weight for every 4 rows and leaves prefills to torch
+        if x.shape[0] <= cpu_kernels.MAX_ROWS or self._runs_bf16_kernel(x.dtype):
             if not torch.compiler.is_compiling():  # eager: the kernel call for this dtype, looked up once
                 if x.dtype not in self._own_calls:
                     self._own_calls[x.dtype] = self._own_call(x.dtype)
@@ -122,7 +125,7 @@ class Int4Matmul(nn.Module):
         """(kind, weight, aux, param) of the fused CPU layer op that computes what `forward` computes for x of
         `dtype` with up to (`few_rows`) or more than cpu_kernels.MAX_ROWS rows; None where forward dequantizes."""
         ext = cpu_kernels.extension()
-        if few_rows and ext is not None and self._runs_bf16_kernel(dtype):
+        if ext is not None and self._runs_bf16_kernel(dtype):
             return cpu_kernels.LinearKind.INT4_BF16, self.own_bf16_blocks, None, 0
         if few_rows and ext is not None and self.runs_own_kernel(dtype):
             path = cpu_kernels.path_for(ext, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
@@ -152,7 +155,7 @@ class Int4Matmul(nn.Module):
         kernel = "reference" if self.packed is None else "int4pack"
         if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
             bf16 = ", bfloat16 kernel" if self.own_bf16_blocks is not None else ""
-            kernel = f"own ({self.kernel_choice.value}{bf16}) up to {cpu_kernels.MAX_ROWS} rows, else {kernel}"
+            kernel = f"own ({self.kernel_choice.value}{bf16}) up to {cpu_kernels.MAX_ROWS} rows (bfloat16: all), else {kernel}"
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
 

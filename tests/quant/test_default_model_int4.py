@@ -46,9 +46,9 @@ def _prefill_logits(llm: LLM, ids: list[int]) -> torch.Tensor:  # [len(ids), V]
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-3), ("bfloat16", None)])
 def test_own_int4_logits_equal_the_dequantized_models(cache_path, dtype, tolerance):
-    """float32 (the own CPU kernel): equal within float tolerance. bfloat16 (a prefill: the int4pack kernel, bf16
-    scales): the same argmax at most positions; its error is the bf16 rounding of activations and scales, not the
-    weights."""
+    """float32 (the own CPU kernel): equal within float tolerance. bfloat16 (the own bfloat16 kernel where the CPU
+    has AVX512-BF16, else int4pack with bf16 scales): the same argmax at most positions; its error is the bf16
+    rounding of activations (and int4pack's scales), not the weights."""
     ref = LLM(str(cache_path), dtype="float32", enable_prefix_caching=False)
     own = LLM(str(cache_path), dtype=dtype, quantization="auto", enable_prefix_caching=False)
     assert own.engine.worker.quantization.is_own

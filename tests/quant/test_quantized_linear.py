@@ -185,3 +185,16 @@ def test_a_failed_build_falls_back_to_torchs_kernel_with_one_warning(monkeypatch
         assert [e["log_level"] for e in logs if "own CPU kernels" in e["event"]] == ["warning"]
     finally:
         cpu_kernels.extension.cache_clear()  # the next user loads the real (cached) build again
+
+
+def test_the_bfloat16_kernel_serves_a_prefill_with_a_decode_steps_bits():
+    """Where the bfloat16 kernel runs, it serves any number of rows: a 40-row prefill matches the reference, and each
+    of its rows has the bits that row gets alone (so a prefill's keys are a decode step's)."""
+    if not _cpu_has_bf16_kernels():
+        pytest.skip("this CPU has no AVX512-BF16")
+    torch.manual_seed(0)
+    matmul = Int4Matmul(_fp16_exact_int4(96, 128), torch.bfloat16, CPU)
+    x = torch.randn(40, 128).bfloat16()
+    y = matmul(x)
+    assert relative_error(y, matmul.reference(x)) < TOLERANCE[torch.bfloat16]
+    assert torch.equal(y, torch.cat([matmul(x[i : i + 1]) for i in range(40)]))
