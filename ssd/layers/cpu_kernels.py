@@ -97,11 +97,29 @@ def int4_bf16_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor, q:
     return own_bf16.pack_q32_bf16(q, *scales)
 
 
+def _blocks_op(name: str, block: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The custom op `ssd::<name>` over the extension's `name(x, blocks)` (blocks of `block` output features), for
+    torch.compile: graphs call the op, eager calls the extension directly (the op's dispatch costs)."""
+
+    @torch.library.custom_op(f"ssd::{name}", mutates_args=())
+    def op(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        return getattr(extension(), name)(x, blocks)
+
+    @op.register_fake
+    def _(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], blocks.shape[0] * block)
+
+    return op
+
+
+_int4_bf16_op = _blocks_op("int4_bf16_gemm", own_bf16.BLOCK)
+_q8_bf16_op = _blocks_op("q8_bf16_gemm", q8_bf16_gemm.BLOCK)
+
+
 def int4_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16 for blocks made by `int4_bf16_layout` (so the extension built);
-    under torch.compile the custom op `ssd::int4_bf16_gemm`."""
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16 for blocks made by `int4_bf16_layout` (so the extension built)."""
     if torch.compiler.is_compiling():
-        return torch.ops.ssd.int4_bf16_gemm(x, blocks)
+        return _int4_bf16_op(x, blocks)
     return extension().int4_bf16_gemm(x, blocks)  # type: ignore[union-attr]
 
 
@@ -109,16 +127,6 @@ def int4_bf16_call(blocks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tenso
     """`int4_bf16_matmul` for eager calls, with the extension looked up once."""
     gemm = extension().int4_bf16_gemm  # type: ignore[union-attr]
     return lambda x: gemm(x, blocks)
-
-
-@torch.library.custom_op("ssd::int4_bf16_gemm", mutates_args=())
-def _int4_bf16_gemm_op(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    return extension().int4_bf16_gemm(x, blocks)  # type: ignore[union-attr]
-
-
-@_int4_bf16_gemm_op.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], blocks.shape[0] * own_bf16.BLOCK)
 
 
 @cache
@@ -186,18 +194,8 @@ def q8_bf16_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | 
 def q8_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, for blocks made by `q8_bf16_layout`."""
     if torch.compiler.is_compiling():
-        return torch.ops.ssd.q8_bf16_gemm(x, blocks)
+        return _q8_bf16_op(x, blocks)
     return extension().q8_bf16_gemm(x, blocks)  # type: ignore[union-attr]
-
-
-@torch.library.custom_op("ssd::q8_bf16_gemm", mutates_args=())
-def _q8_bf16_gemm_op(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    return extension().q8_bf16_gemm(x, blocks)  # type: ignore[union-attr]
-
-
-@_q8_bf16_gemm_op.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], blocks.shape[0] * q8_bf16_gemm.BLOCK)
 
 
 def q8_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

@@ -22,3 +22,11 @@ def deinterleave_units(blocks: torch.Tensor) -> torch.Tensor:
         fb = min(UNIT, nb - u)
         units.append(blocks[u : u + fb].reshape(groups, fb, size).transpose(0, 1))
     return torch.cat(units).contiguous()
+
+
+def check_operands(name: str, x: torch.Tensor, blocks: torch.Tensor, group: int, group_bytes: int) -> None:
+    """Raise ValueError unless x [M, K] and blocks [N / 16, K / group, group_bytes] match (`name`: the kernel's)."""
+    k = x.shape[-1]
+    if x.dim() != 2 or blocks.dim() != 3 or k % group or tuple(blocks.shape[1:]) != (k // group, group_bytes):
+        raise ValueError(f"{name}: x [M, K] and blocks [N/16, K/{group}, {group_bytes}] do not match: "
+                         f"{tuple(x.shape)}, {tuple(blocks.shape)}")

@@ -13,7 +13,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from ssd_kernels.cpu.bf16_units import deinterleave_units, interleave_units
+from ssd_kernels.cpu.bf16_units import check_operands, deinterleave_units, interleave_units
 
 BLOCK = 16  # output features per block: N must be a multiple of this
 GROUP = 32  # input features per group: K must be a multiple of this
@@ -52,7 +52,5 @@ def q8_bf16_gemm_reference(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tenso
 
 def q8_bf16_gemm(ext: ModuleType, x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, w given by `blocks` in this module's layout."""
-    if x.dim() != 2 or blocks.dim() != 3 or blocks.shape[1:] != (x.shape[1] // GROUP, GROUP_BYTES) or x.shape[1] % GROUP:
-        raise ValueError(f"q8_bf16_gemm: x [M, K] and blocks [N/16, K/32, 544] do not match: "
-                         f"{tuple(x.shape)}, {tuple(blocks.shape)}")
+    check_operands("q8_bf16_gemm", x, blocks, GROUP, GROUP_BYTES)
     return ext.q8_bf16_gemm(x, blocks)
