@@ -89,10 +89,7 @@ def int4_bf16_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor, q:
     """The blocks of the int4 kernel for bfloat16 activations (as `int4_layout`'s arguments); None where it cannot
     hold them exactly or this CPU has no AVX512-BF16 (or no build)."""
     scales = _q32_scales(weight_scales, weight_zeros, q)
-    ext = extension()
-    if scales is None or q.shape[0] % own_bf16.BLOCK or ext is None:
-        return None
-    if own_ext.BF16_AVX512 not in own_ext.supported_paths(ext):
+    if scales is None or q.shape[0] % own_bf16.BLOCK or not _runs_bf16_kernels():
         return None
     return own_bf16.pack_q32_bf16(q, *scales)
 
@@ -167,26 +164,31 @@ def _(x: torch.Tensor, blocks: torch.Tensor, mins: torch.Tensor, path: int) -> t
     return x.new_empty(x.shape[0], mins.shape[0])
 
 
+def _q8_holds(codes: torch.Tensor, scales: torch.Tensor, block: int) -> bool:
+    """Whether a q8 kernel with `block` output features per block holds codes [N, K] int8 and scales [N, K / 32]
+    exactly (the shapes fit, the scales are fp16 values) and the extension is built here."""
+    n, k = codes.shape
+    if n % block or k % q8_gemm.GROUP or scales.shape != (n, k // q8_gemm.GROUP):
+        return False
+    return torch.equal(scales.float().half().float(), scales.float()) and extension() is not None
+
+
+def _runs_bf16_kernels() -> bool:
+    """Whether this CPU runs the AVX512-BF16 kernels (and the extension is built)."""
+    ext = extension()
+    return ext is not None and own_ext.BF16_AVX512 in own_ext.supported_paths(ext)
+
+
 def q8_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """The q8 kernel's blocks for codes [N, K] int8 and scales [N, K / 32] (w = q * scale); None where the kernel
     cannot hold them exactly (other shapes, non-fp16 scales) or cannot be built here."""
-    n, k = codes.shape
-    if n % q8_gemm.TILE or k % q8_gemm.GROUP or scales.shape != (n, k // q8_gemm.GROUP):
-        return None
-    if not torch.equal(scales.float().half().float(), scales.float()) or extension() is None:
-        return None
-    return q8_gemm.pack_q8(codes, scales.float())
+    return q8_gemm.pack_q8(codes, scales.float()) if _q8_holds(codes, scales, q8_gemm.TILE) else None
 
 
 def q8_bf16_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """The q8 bfloat16 kernel's blocks for codes [N, K] int8 and scales [N, K / 32]; None where it cannot hold them
     exactly (other shapes, non-fp16 scales), this CPU has no AVX512-BF16, or the extension cannot be built here."""
-    n, k = codes.shape
-    if n % q8_bf16_gemm.BLOCK or k % q8_bf16_gemm.GROUP or scales.shape != (n, k // q8_bf16_gemm.GROUP):
-        return None
-    if not torch.equal(scales.float().half().float(), scales.float()) or extension() is None:
-        return None
-    if own_ext.BF16_AVX512 not in own_ext.supported_paths(extension()):
+    if not (_q8_holds(codes, scales, q8_bf16_gemm.BLOCK) and _runs_bf16_kernels()):
         return None
     return q8_bf16_gemm.pack_q8_bf16(codes, scales.float())
 
