@@ -18,6 +18,9 @@ namespace {
 
 constexpr int64_t kBlock = 16;  // output features per block: one float32 lane each
 constexpr int64_t kUnit = 4;    // blocks per unit
+// Pairs (64-byte lines of a block) read ahead into L2 by software prefetch: at one row the hardware's prefetcher
+// alone kept 4 block streams at ~24 GB/s, with it ~28 (Zen 4, one thread); at 4 rows 9% faster, at 8 the same.
+constexpr int64_t kAheadPairs = 16;
 
 struct Bf16Operands {
   const uint16_t* blocks;  // [N / 16, K / 2, 32]
@@ -41,6 +44,8 @@ SSD_TARGET_BF16 void unit_dot(const Bf16Operands& o, int64_t b0, int64_t m0) {
     for (int b = 0; b < FB; ++b) acc[i][b] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh wv[FB];
+    for (int b = 0; b < FB; ++b)
+      _mm_prefetch(reinterpret_cast<const char*>(w[b] + (p + kAheadPairs) * 32), _MM_HINT_T1);
     for (int b = 0; b < FB; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w[b] + p * 32);
     for (int i = 0; i < RB; ++i) {
       int32_t pair;  // x[i][2p], x[i][2p + 1] as one 32-bit word
