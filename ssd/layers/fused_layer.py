@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ssd.context import get_forward_context
+from ssd.context import ForwardContext, get_forward_context
 from ssd.layers import cpu_kernels
 from ssd.layers.attention_backend import FewQueries
 
@@ -64,22 +64,22 @@ class FusedDecoderLayer:
                  residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(this layer's delta, the residual stream before it) for x [T, d], or None where the call does not serve
         this forward (the caller runs the layer op by op)."""
-        if torch.is_grad_enabled():  # training: the call has no backward
+        served = fused_forward(x, positions)
+        if served is None or (residual is not None and residual.dtype != x.dtype):
             return None
-        ops = cpu_kernels.layer_ops_for(x)
-        if ops is None or x.dim() != 2 or (residual is not None and residual.dtype != x.dtype):
-            return None
-        ctx = get_forward_context()
-        meta = ctx.attn_metadata
-        if not isinstance(meta, FewQueries) or x.shape[0] != ctx.num_tokens or positions.dtype != torch.int64:
-            return None
-        layer = self._layer(ops, parts, x.dtype, x.shape[0] <= cpu_kernels.MAX_ROWS)
-        if layer is None or parts.attn.kv_cache.dtype != x.dtype:
+        ops, ctx, meta = served
+        layer = self.layer(ops, parts, x)
+        if layer is None:
             return None
         delta, stream = layer.forward(x.contiguous(), None if residual is None else residual.contiguous(), positions,
                                       parts.attn.kv_cache, ctx.slot_mapping, meta.kv_slots, meta.seq_lens,
                                       meta.num_queries)
         return delta, stream
+
+    def layer(self, ops: ModuleType, parts: DecoderParts, x: torch.Tensor) -> object | None:
+        """The extension's DecoderLayer for x's dtype and row count, or None where the layer has no fused form."""
+        built = self._layer(ops, parts, x.dtype, x.shape[0] <= cpu_kernels.MAX_ROWS)
+        return None if built is None or parts.attn.kv_cache.dtype != x.dtype else built
 
     def _layer(self, ops: ModuleType, parts: DecoderParts, dtype: torch.dtype, few_rows: bool) -> object | None:
         weights = parts.weights()
@@ -95,6 +95,21 @@ class FusedDecoderLayer:
 
     def __deepcopy__(self, memo: dict[int, object]) -> "FusedDecoderLayer":
         return FusedDecoderLayer()
+
+
+def fused_forward(x: torch.Tensor, positions: torch.Tensor) -> tuple[ModuleType, ForwardContext, FewQueries] | None:
+    """(the extension, the forward context, its attention metadata) where fused layers serve a forward of x [T, d],
+    else None: no autograd, the layer ops on for x, and a few-query forward (decode, chain verify) of all T tokens."""
+    if torch.is_grad_enabled():  # training: the call has no backward
+        return None
+    ops = cpu_kernels.layer_ops_for(x)
+    if ops is None or x.dim() != 2:
+        return None
+    ctx = get_forward_context()
+    meta = ctx.attn_metadata
+    if not isinstance(meta, FewQueries) or x.shape[0] != ctx.num_tokens or positions.dtype != torch.int64:
+        return None
+    return ops, ctx, meta
 
 
 def _build(ops: ModuleType, parts: DecoderParts, dtype: torch.dtype, few_rows: bool) -> object | None:

@@ -10,6 +10,7 @@ from ssd.layers.activation import SiluAndMul
 from ssd.layers.attention import Attention
 from ssd.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ssd.layers.fused_layer import DecoderParts, FusedDecoderLayer
+from ssd.layers.fused_stack import FusedDecoderStack
 from ssd.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ssd.layers.norm import RMSNorm
 from ssd.layers.rotary import get_rope
@@ -107,6 +108,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([self.layer_cls(config) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # On CPU, decode and verify forwards run all the layers as one call (ssd/layers/fused_stack.py)
+        self.fused_stack: FusedDecoderStack | None = FusedDecoderStack()
 
     def forward(
         self,
@@ -116,12 +119,16 @@ class LlamaModel(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Final hidden states [T, d], plus the residual stream entering each layer in `aux_layers`."""
         x = self.embed_tokens(input_ids)
-        residual = None
-        aux: list[torch.Tensor] = []
-        for i, layer in enumerate(self.layers):
-            if i in aux_layers:
-                aux.append(x if residual is None else x + residual)
-            x, residual = layer(positions, x, residual)
+        stacked = None if self.fused_stack is None else self.fused_stack(self.layers, positions, x, aux_layers)
+        if stacked is not None:
+            x, residual, aux = stacked
+        else:
+            residual = None
+            aux = []
+            for i, layer in enumerate(self.layers):
+                if i in aux_layers:
+                    aux.append(x if residual is None else x + residual)
+                x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x, aux
 

@@ -91,4 +91,14 @@ struct DecoderLayer {
   double scale;
 };
 
+// A model's decoder layers in order, run as one call (decoder_layer.cpp): what the Python loop over the layers does.
+struct DecoderStack {
+  explicit DecoderStack(std::vector<DecoderLayer> layers);
+  std::vector<torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& positions,
+                                     const std::vector<torch::Tensor>& kv_caches, const torch::Tensor& slots,
+                                     const torch::Tensor& kv_slots, const torch::Tensor& seq_lens, int64_t num_queries,
+                                     const std::vector<int64_t>& aux_layers) const;
+  std::vector<DecoderLayer> layers;
+};
+
 }  // namespace ssd_cpu

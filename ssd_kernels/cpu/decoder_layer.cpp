@@ -3,11 +3,13 @@
 // attention (rope_attention), the output projection, RMSNorm with the residual add, gate-up, SiLU-and-multiply and
 // down. Each step is the function the layers call one by one (the layer ops here, the same ATen ops for the
 // linears), so the result is the same bits; what the call saves is the Python and module dispatch between them,
-// about half of a small model's decode step at batch 1 (docs/benchmarks.md).
+// about half of a small model's decode step at batch 1 (docs/benchmarks.md). DecoderStack runs all of a model's
+// layers in one call, as the Python loop over them would.
 #include "cpu_kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <string>
 
 namespace ssd_cpu {
@@ -76,6 +78,35 @@ std::vector<torch::Tensor> DecoderLayer::forward(const torch::Tensor& x, const c
                                             num_queries, num_heads, num_kv_heads, scale);
   const std::vector<torch::Tensor> mlp_in = rms_norm(o(attn), stream, post_norm, eps);
   return {down(silu_mul(gate_up(mlp_in[0]))), mlp_in[1]};
+}
+
+DecoderStack::DecoderStack(std::vector<DecoderLayer> layers) : layers(std::move(layers)) {
+  TORCH_CHECK(!this->layers.empty(), "DecoderStack: no layers");
+}
+
+// x [T, d] the embeddings -> [the last layer's delta, the residual stream before it, then the residual stream
+// entering each layer of aux_layers (x + residual, as LlamaModel.forward takes it)], one kv_caches entry per layer.
+std::vector<torch::Tensor> DecoderStack::forward(const torch::Tensor& x, const torch::Tensor& positions,
+                                                 const std::vector<torch::Tensor>& kv_caches,
+                                                 const torch::Tensor& slots, const torch::Tensor& kv_slots,
+                                                 const torch::Tensor& seq_lens, int64_t num_queries,
+                                                 const std::vector<int64_t>& aux_layers) const {
+  TORCH_CHECK(kv_caches.size() == layers.size(), "DecoderStack: ", layers.size(), " layers, ", kv_caches.size(),
+              " KV caches");
+  std::vector<torch::Tensor> out(2);
+  torch::Tensor delta = x;
+  c10::optional<torch::Tensor> residual;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (std::find(aux_layers.begin(), aux_layers.end(), static_cast<int64_t>(i)) != aux_layers.end())
+      out.push_back(residual.has_value() ? delta + *residual : delta);
+    std::vector<torch::Tensor> step =
+        layers[i].forward(delta, residual, positions, kv_caches[i], slots, kv_slots, seq_lens, num_queries);
+    delta = std::move(step[0]);
+    residual = std::move(step[1]);
+  }
+  out[0] = delta;
+  out[1] = *residual;
+  return out;
 }
 
 }  // namespace ssd_cpu

@@ -1,6 +1,8 @@
 // The Python module of the project's CPU kernels: CPU feature detection and the bindings.
 #include "cpu_kernels.h"
 
+#include <pybind11/stl.h>
+
 namespace ssd_cpu {
 
 int64_t supported_paths() {
@@ -46,6 +48,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<ssd_cpu::Linear, ssd_cpu::Linear, ssd_cpu::Linear, ssd_cpu::Linear, torch::Tensor, torch::Tensor,
                     double, torch::Tensor, torch::Tensor, int64_t, int64_t, double>())
       .def("forward", &ssd_cpu::DecoderLayer::forward, release_gil());
+  py::class_<ssd_cpu::DecoderStack>(m, "DecoderStack", "a model's decoder layers in order as one call (decoder_layer.cpp)")
+      .def(py::init<std::vector<ssd_cpu::DecoderLayer>>())
+      .def("forward", &ssd_cpu::DecoderStack::forward, release_gil());
   m.def("supported_paths", &ssd_cpu::supported_paths,
         "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI, 8 AVX512-BF16");
 }
