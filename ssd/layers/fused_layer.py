@@ -11,6 +11,7 @@ attention backend's FewQueries serves; every other forward (prefill, trees, comp
 
 import operator
 from dataclasses import dataclass
+from functools import cached_property
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -40,17 +41,22 @@ class DecoderParts:
     gate_up: "_Linear"
     down: "_Linear"
 
-    def weights(self) -> tuple[object, ...]:
-        """Every object the fused call was built from: when one is replaced (quantized, moved), it is built again.
-        Read from the modules' own dicts: this runs for every layer of every step, and nn.Module's attribute
-        lookup cost about 8% of a batch-1 step on the default model (docs/benchmarks.md)."""
-        out: list[object] = [self.input_norm._parameters["weight"], self.post_norm._parameters["weight"],
-                             self.rope.cos]
+    @cached_property
+    def watched(self) -> tuple[tuple[dict[str, object], str], ...]:
+        """Where each object the fused call is built from lives, as (the module's own dict, key): reading them is
+        how a call notices that one was replaced (quantized, moved). The modules' own dicts, not attribute lookups:
+        this runs for every layer of every step, and nn.Module's attribute lookup cost about 8% of a batch-1 step
+        on the default model (docs/benchmarks.md)."""
+        out: list[tuple[dict[str, object], str]] = [(self.input_norm._parameters, "weight"),
+                                                    (self.post_norm._parameters, "weight"), (self.rope.__dict__, "cos")]
         for m in (self.qkv, self.o, self.gate_up, self.down):
-            attrs = m.__dict__
-            out += (m._parameters["weight"], attrs.get("packed"), attrs.get("own"), m._modules.get("quantized"),
-                    m._parameters["bias"])
+            out += [(m._parameters, "weight"), (m.__dict__, "packed"), (m.__dict__, "own"), (m._modules, "quantized"),
+                    (m._parameters, "bias")]
         return tuple(out)
+
+    def weights(self) -> tuple[object, ...]:
+        """Every object the fused call was built from: when one is replaced, it is built again."""
+        return tuple([where.get(key) for where, key in self.watched])
 
 
 class FusedDecoderLayer:

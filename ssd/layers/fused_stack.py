@@ -9,42 +9,77 @@ model runs its loop (which then fuses what it can, layer by layer).
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
 
+from ssd.layers import cpu_kernels
 from ssd.layers.fused_layer import fused_forward
 
 if TYPE_CHECKING:
     from ssd.models.llama import LlamaDecoderLayer
 
 
+@dataclass(frozen=True)
+class _Built:
+    """One DecoderStack and what it was built from: the objects it read, where they live, and the layers' KV caches."""
+
+    watched: list[tuple[dict[str, object], str]]
+    objects: list[object]
+    stack: object
+    kv_caches: list[torch.Tensor]
+
+    def current(self) -> bool:
+        """Whether every object is still the one the stack was built from (one pass over plain dicts)."""
+        return all(map(operator.is_, self.objects, [where.get(key) for where, key in self.watched]))
+
+
 class FusedDecoderStack:
-    """The extension's DecoderStack over a model's layers, built again whenever one layer's fused form is."""
+    """The extension's DecoderStack over a model's layers, per activation dtype and row regime, built again when a
+    layer's weights, KV cache or fused form are replaced."""
 
     def __init__(self) -> None:
-        self._built: tuple[tuple[object, ...], object] | None = None
+        self._built: dict[tuple[torch.dtype, bool], _Built] = {}
 
     def __call__(self, layers: Sequence["LlamaDecoderLayer"], positions: torch.Tensor, x: torch.Tensor,
                  aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
         """(the last layer's delta, the residual stream before it, the stream entering each layer of `aux_layers`)
         for the embeddings x [T, d], or None where the stack does not serve this forward."""
         served = fused_forward(x, positions)
-        if served is None or any(layer.fused is None for layer in layers):
+        if served is None:
             return None
         ops, ctx, meta = served
-        parts = [layer.parts() for layer in layers]
-        fused = tuple(layer.fused.layer(ops, p, x) for layer, p in zip(layers, parts, strict=True))
-        if any(f is None for f in fused):
+        key = (x.dtype, x.shape[0] <= cpu_kernels.MAX_ROWS)
+        built = self._built.get(key)
+        if built is None or not built.current():
+            built = self._built[key] = _build(ops, layers, x)
+        if built.stack is None:
             return None
-        if self._built is None or len(self._built[0]) != len(fused) or not all(map(operator.is_, self._built[0], fused)):
-            self._built = (fused, ops.DecoderStack(list(fused)))
-        out = self._built[1].forward(x.contiguous(), positions, [p.attn.kv_cache for p in parts], ctx.slot_mapping,
-                                     meta.kv_slots, meta.seq_lens, meta.num_queries, list(aux_layers))
+        out = built.stack.forward(x.contiguous(), positions, built.kv_caches, ctx.slot_mapping, meta.kv_slots,
+                                  meta.seq_lens, meta.num_queries, list(aux_layers))
         return out[0], out[1], out[2:]
 
     def __getstate__(self) -> dict[str, object]:  # the extension's objects do not pickle; they are built again
-        return {"_built": None}
+        return {"_built": {}}
 
     def __deepcopy__(self, memo: dict[int, object]) -> "FusedDecoderStack":
         return FusedDecoderStack()
+
+
+def _build(ops: ModuleType, layers: Sequence["LlamaDecoderLayer"], x: torch.Tensor) -> _Built:
+    """The stack for x's dtype and row count (its `stack` None where a layer has no fused form for it)."""
+    watched: list[tuple[dict[str, object], str]] = []
+    fused: list[object | None] = []
+    for layer in layers:
+        watched.append((layer.__dict__, "fused"))
+        if layer.fused is None:
+            fused.append(None)
+            continue
+        parts = layer.parts()
+        watched += [*parts.watched, (parts.attn.__dict__, "kv_cache")]
+        fused.append(layer.fused.layer(ops, parts, x))
+    stack = None if any(f is None for f in fused) else ops.DecoderStack(fused)
+    return _Built(watched, [where.get(key) for where, key in watched], stack,
+                  [layer.parts().attn.kv_cache for layer in layers] if stack is not None else [])

@@ -102,16 +102,19 @@ def test_fused_stack_gives_the_aux_streams_of_the_loop(tmp_path_factory, monkeyp
 
 def test_fused_layer_is_built_again_when_a_weight_is_replaced(tiny_llama):
     """Quantizing or moving a linear after a forward replaces its weight objects: the next forward builds the
-    fused call again from the new ones (an in-place change needs nothing: the call reads the same storage)."""
+    fused layer and the stack again from the new ones (an in-place change needs nothing: the call reads the same storage)."""
     llm = LLM(str(tiny_llama), dtype="float32", block_size=4, kv_cache_memory_mb=4)
-    layer = llm.engine.worker.model.model.layers[0]
+    model = llm.engine.worker.model.model
+    layer = model.layers[-1]
     llm.generate([PROMPTS[0]], GREEDY)
     [(key, built)] = layer.fused._built.items()
-    assert built[1] is not None
+    [(stack_key, stack)] = model.fused_stack._built.items()
+    assert built[1] is not None and stack.stack is not None
     llm.generate([PROMPTS[0]], GREEDY)
-    assert layer.fused._built[key] is built
+    assert layer.fused._built[key] is built and model.fused_stack._built[stack_key] is stack
     down = layer.mlp.down_proj
     down.weight = torch.nn.Parameter(down.weight.detach().clone(), requires_grad=False)
     down.pack()
     llm.generate([PROMPTS[0]], GREEDY)
     assert layer.fused._built[key] is not built and layer.fused._built[key][1] is not None
+    assert model.fused_stack._built[stack_key] is not stack and model.fused_stack._built[stack_key].stack is not None
