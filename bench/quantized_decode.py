@@ -8,7 +8,8 @@ Every configuration is measured in this one process, interleaved round by round 
 ratios hold on a shared machine even where absolute numbers do not. A speed config may carry variants after a
 slash: `/torch-ops` runs it with the project's CPU layer ops off (the layers' plain torch ops), `/float-head` with
 its LM head on the float weight rather than the checkpoint's Q8_0 blocks, `/op-by-op` with the layer ops on but
-each decoder layer run op by op instead of as one fused call (ssd/layers/fused_layer.py), `/onednn` with the float
+each decoder layer run op by op instead of as one fused call (ssd/layers/fused_layer.py), `/layer-calls` with each
+fused layer its own call instead of the whole stack as one (ssd/layers/fused_stack.py), `/onednn` with the float
 linears on oneDNN's packed GEMM instead of the own float kernels (ssd_kernels/cpu/bf16_gemm, dense_gemm); e.g.
 
     python -m bench.quantized_decode speed --configs bf16,int4-own-fp32,int4-own-fp32/torch-ops/float-head
@@ -40,7 +41,7 @@ from ssd.sampling.params import SamplingParams
 SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("int4-own", "bfloat16", "auto"),
                  ("int4-own-int8act", "bfloat16", "auto"), ("int4-torch", "bfloat16", "auto"),
                  ("fp32", "float32", "none"), ("int4-own-fp32", "float32", "auto"), ("int4-torch-fp32", "float32", "auto")]
-VARIANTS = ("torch-ops", "float-head", "op-by-op", "onednn")
+VARIANTS = ("torch-ops", "float-head", "op-by-op", "layer-calls", "onednn")
 
 
 def _speed_config(name: str) -> tuple[str, str, list[str]]:
@@ -67,6 +68,8 @@ def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: st
               "int4-torch-fp32": Int4Kernel.TORCH}.get(base, Int4Kernel.AUTO)
     if "float-head" in name.split("/"):
         llm.engine.model.lm_head.q8_blocks = llm.engine.model.lm_head.q8_bf16_blocks = None
+    if "layer-calls" in name.split("/"):  # each fused layer its own call, not the stack as one
+        llm.engine.model.model.fused_stack = None
     if "op-by-op" in name.split("/"):
         for layer in llm.engine.model.model.layers:
             layer.fused = None

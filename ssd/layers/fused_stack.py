@@ -11,15 +11,20 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from ssd.layers import cpu_kernels
-from ssd.layers.fused_layer import fused_forward
+from ssd.layers.fused_layer import DecoderParts, FusedDecoderLayer, fused_forward
 
-if TYPE_CHECKING:
-    from ssd.models.llama import LlamaDecoderLayer
+
+class FusableLayer(Protocol):
+    """What the stack reads of a decoder layer (a model's LlamaDecoderLayer)."""
+
+    fused: FusedDecoderLayer | None
+
+    def parts(self) -> DecoderParts: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class FusedDecoderStack:
     def __init__(self) -> None:
         self._built: dict[tuple[torch.dtype, bool], _Built] = {}
 
-    def __call__(self, layers: Sequence["LlamaDecoderLayer"], positions: torch.Tensor, x: torch.Tensor,
+    def __call__(self, layers: Sequence[FusableLayer], positions: torch.Tensor, x: torch.Tensor,
                  aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
         """(the last layer's delta, the residual stream before it, the stream entering each layer of `aux_layers`)
         for the embeddings x [T, d], or None where the stack does not serve this forward."""
@@ -68,7 +73,7 @@ class FusedDecoderStack:
         return FusedDecoderStack()
 
 
-def _build(ops: ModuleType, layers: Sequence["LlamaDecoderLayer"], x: torch.Tensor) -> _Built:
+def _build(ops: ModuleType, layers: Sequence[FusableLayer], x: torch.Tensor) -> _Built:
     """The stack for x's dtype and row count (its `stack` None where a layer has no fused form for it)."""
     watched: list[tuple[dict[str, object], str]] = []
     fused: list[object | None] = []

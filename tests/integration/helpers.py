@@ -31,11 +31,12 @@ def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.2) -> boo
     return predicate()
 
 
-def stream_chat(client: OpenAI, prompt: str, max_tokens: int, mode: str | None = None) -> tuple[str, dict | None]:
+def stream_chat(client: OpenAI, prompt: str, max_tokens: int, mode: str | None = None,
+                ignore_eos: bool = False) -> tuple[str, dict | None]:
+    extra = ({"mode": mode} if mode else {}) | ({"ignore_eos": True} if ignore_eos else {})
     chunks = client.chat.completions.create(
         model="smollm2-135m-instruct", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-        temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body={"mode": mode} if mode else None)
+        temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=extra or None)
     text, usage = [], None
     for chunk in chunks:
         if chunk.choices and chunk.choices[0].delta.content:

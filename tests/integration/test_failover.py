@@ -82,10 +82,12 @@ def test_target_killed_requests_go_to_the_other(tmp_path_factory, default_model_
         results.append(stream_chat(client, "Name a fruit.", 4))
         worker.join(120)
         assert len(results) == 2 and all(u["completion_tokens"] > 0 for _, u in results)
-        # SIGTERM drains: a running request completes, then the replica stops serving and exits 0
+        # SIGTERM drains: a running request completes, then the replica stops serving and exits 0. The request is
+        # long (256 tokens, EOS ignored) so that the poll below sees it running however fast the step is.
         survivor = stack.child("target-1")
         results.clear()
-        worker = threading.Thread(target=lambda: results.append(stream_chat(client, "Tell a joke.", 24)))
+        worker = threading.Thread(
+            target=lambda: results.append(stream_chat(client, "Tell a joke.", 256, ignore_eos=True)))
         worker.start()
         assert wait_for(lambda: target_load(survivor.address).num_running == 1, timeout_s=30)
         survivor.proc.send_signal(signal.SIGTERM)
