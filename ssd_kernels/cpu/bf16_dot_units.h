@@ -27,6 +27,7 @@ namespace bf16dot {
 constexpr int64_t kBlock = 16;  // output features per block
 constexpr int64_t kUnit = 4;    // blocks per unit
 constexpr int64_t kGroup = 32;  // input features per group
+constexpr int64_t kTallPass = 8;  // rows of x per pass over a unit
 constexpr int64_t kAhead = 6;   // groups read ahead (software prefetch: the hardware's falls behind 4 streams)
 // At one or two rows the loop outruns prefetches into L1 (the weight streams at ~33 GB/s into L2 against ~20 into
 // L1, Zen 4, one thread); at more rows it computes longer per byte and L1 prefetches win by ~10%.
@@ -98,8 +99,9 @@ SSD_TARGET_BF16 void unit_dot(const Operands& o, int64_t b0, int64_t m0) {
     }
 }
 
-// Every unit for every pass of up to 4 rows of x. Passes of 1-2 rows take up to 4 blocks at once (independent sums
-// for one row), passes of 3-4 rows up to 2 (the sums must fit in the 32 vector registers).
+// Every unit for every pass of up to 8 rows of x. Passes of 1-2 rows take up to 4 blocks at once (independent sums
+// for one row), passes of 3-4 rows up to 2 and passes of 5-8 rows one (the sums must fit in the 32 vector
+// registers): each block's codes are decoded once per pass, so a verify of K + 1 = 5..8 positions decodes them once.
 template <class Format>
 void run_units(const Operands& o, int64_t M) {
   using UnitFn = void (*)(const Operands&, int64_t, int64_t);
@@ -109,17 +111,21 @@ void run_units(const Operands& o, int64_t M) {
                                        unit_dot<Format, 2, 4>}};
   static const UnitFn wide[2][2] = {{unit_dot<Format, 3, 1>, unit_dot<Format, 3, 2>},
                                     {unit_dot<Format, 4, 1>, unit_dot<Format, 4, 2>}};
+  static const UnitFn tall[4] = {unit_dot<Format, 5, 1>, unit_dot<Format, 6, 1>, unit_dot<Format, 7, 1>,
+                                 unit_dot<Format, 8, 1>};
   const int64_t num_blocks = o.N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
   at::parallel_for(0, num_units, 4, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b0 = u * kUnit, fb = std::min<int64_t>(kUnit, num_blocks - b0);
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
-        const int64_t rows = std::min<int64_t>(kRowsPerPass, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += kTallPass) {
+        const int64_t rows = std::min<int64_t>(kTallPass, M - m0);
         if (rows <= 2) {
           narrow[rows - 1][fb - 1](o, b0, m0);
-          continue;
+        } else if (rows <= 4) {
+          for (int64_t b = 0; b < fb; b += 2) wide[rows - 3][std::min<int64_t>(2, fb - b) - 1](o, b0 + b, m0);
+        } else {
+          for (int64_t b = 0; b < fb; ++b) tall[rows - 5](o, b0 + b, m0);
         }
-        for (int64_t b = 0; b < fb; b += 2) wide[rows - 3][std::min<int64_t>(2, fb - b) - 1](o, b0 + b, m0);
       }
     }
   });

@@ -50,9 +50,10 @@ def test_the_reference_is_the_dequantized_weight():
     assert torch.equal(kernel.int4_bf16_gemm_reference(x, kernel.pack_q32_bf16(q, d, m)), expected)
 
 
-def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext):
+@pytest.mark.parametrize("rows", [3, 7, 13])  # passes of 3 rows (2 blocks at once), 7 (one block), 8 + 5
+def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, rows):
     require_path(ext, PATHS, "bf16-avx512")
-    x, q, d, m = _operands(7, 320, 128, seed=2)
+    x, q, d, m = _operands(rows, 320, 128, seed=2)
     blocks = kernel.pack_q32_bf16(q, d, m)
     assert_rows_invariant(lambda rows: kernel.int4_bf16_gemm(ext, rows, blocks), x)
 

@@ -40,9 +40,10 @@ def test_the_kernel_matches_its_reference(ext, rows, n):
     assert relative_error(y, kernel.q8_bf16_gemm_reference(x, blocks)) < TOLERANCE
 
 
-def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext):
+@pytest.mark.parametrize("rows", [3, 7, 13])  # passes of 3 rows (2 blocks at once), 7 (one block), 8 + 5
+def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, rows):
     require_path(ext, PATHS, "bf16-avx512")
-    x, q, d = _operands(7, 320, 128, seed=2)
+    x, q, d = _operands(rows, 320, 128, seed=2)
     blocks = kernel.pack_q8_bf16(q, d)
     assert_rows_invariant(lambda rows: kernel.q8_bf16_gemm(ext, rows, blocks), x)
 
