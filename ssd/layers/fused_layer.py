@@ -10,6 +10,7 @@ attention backend's FewQueries serves; every other forward (prefill, trees, comp
 """
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import ModuleType
@@ -56,7 +57,20 @@ class DecoderParts:
 
     def weights(self) -> tuple[object, ...]:
         """Every object the fused call was built from: when one is replaced, it is built again."""
-        return tuple([where.get(key) for where, key in self.watched])
+        return read_watched(self.watched)
+
+
+Watched = Sequence[tuple[dict[str, object], str]]  # (a module's own dict, key) pairs
+
+
+def read_watched(watched: Watched) -> tuple[object, ...]:
+    """The objects at `watched` now (None where a key is gone)."""
+    return tuple([where.get(key) for where, key in watched])
+
+
+def unchanged(objects: Sequence[object], watched: Watched) -> bool:
+    """Whether every object at `watched` is still the one in `objects` (read when a fused call was built)."""
+    return all(map(operator.is_, objects, read_watched(watched)))
 
 
 class FusedDecoderLayer:
@@ -88,10 +102,10 @@ class FusedDecoderLayer:
         return None if built is None or parts.attn.kv_cache.dtype != x.dtype else built
 
     def _layer(self, ops: ModuleType, parts: DecoderParts, dtype: torch.dtype, few_rows: bool) -> object | None:
-        weights = parts.weights()
         built = self._built.get((dtype, few_rows))
-        if built is not None and all(map(operator.is_, built[0], weights)):  # weights() has a fixed length
+        if built is not None and unchanged(built[0], parts.watched):
             return built[1]
+        weights = parts.weights()
         layer = _build(ops, parts, dtype, few_rows)
         self._built[(dtype, few_rows)] = (weights, layer)
         return layer

@@ -7,7 +7,6 @@ would, so the result is the same bits. Where any layer has no fused form for a f
 model runs its loop (which then fuses what it can, layer by layer).
 """
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -16,7 +15,14 @@ from typing import Protocol
 import torch
 
 from ssd.layers import cpu_kernels
-from ssd.layers.fused_layer import DecoderParts, FusedDecoderLayer, fused_forward
+from ssd.layers.fused_layer import (
+    DecoderParts,
+    FusedDecoderLayer,
+    Watched,
+    fused_forward,
+    read_watched,
+    unchanged,
+)
 
 
 class FusableLayer(Protocol):
@@ -31,14 +37,14 @@ class FusableLayer(Protocol):
 class _Built:
     """One DecoderStack and what it was built from: the objects it read, where they live, and the layers' KV caches."""
 
-    watched: list[tuple[dict[str, object], str]]
-    objects: list[object]
+    watched: Watched
+    objects: tuple[object, ...]
     stack: object
     kv_caches: list[torch.Tensor]
 
     def current(self) -> bool:
         """Whether every object is still the one the stack was built from (one pass over plain dicts)."""
-        return all(map(operator.is_, self.objects, [where.get(key) for where, key in self.watched]))
+        return unchanged(self.objects, self.watched)
 
 
 class FusedDecoderStack:
@@ -77,6 +83,7 @@ def _build(ops: ModuleType, layers: Sequence[FusableLayer], x: torch.Tensor) -> 
     """The stack for x's dtype and row count (its `stack` None where a layer has no fused form for it)."""
     watched: list[tuple[dict[str, object], str]] = []
     fused: list[object | None] = []
+    kv_caches: list[torch.Tensor] = []
     for layer in layers:
         watched.append((layer.__dict__, "fused"))
         if layer.fused is None:
@@ -85,6 +92,6 @@ def _build(ops: ModuleType, layers: Sequence[FusableLayer], x: torch.Tensor) -> 
         parts = layer.parts()
         watched += [*parts.watched, (parts.attn.__dict__, "kv_cache")]
         fused.append(layer.fused.layer(ops, parts, x))
+        kv_caches.append(parts.attn.kv_cache)
     stack = None if any(f is None for f in fused) else ops.DecoderStack(fused)
-    return _Built(watched, [where.get(key) for where, key in watched], stack,
-                  [layer.parts().attn.kv_cache for layer in layers] if stack is not None else [])
+    return _Built(watched, read_watched(watched), stack, kv_caches)
