@@ -15,6 +15,7 @@ while the target features (`aux_hidden`) stay on the device.
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,12 +37,11 @@ class ForwardOutput:
 
 def logit_rows(lengths: list[int], num_logits: list[int]) -> torch.Tensor:
     """[sum(num_logits)] int64: the flat rows of each item's last num_logits tokens, items in order."""
-    ends = torch.tensor(lengths).cumsum(0)  # [B]
-    wanted = torch.tensor(num_logits)  # [B]
-    total = int(wanted.sum())
-    item = torch.repeat_interleave(torch.arange(len(lengths)), wanted, output_size=total)  # [N]
-    within = torch.arange(total) - (wanted.cumsum(0) - wanted)[item]  # [N]
-    return (ends - wanted)[item] + within
+    ends = np.cumsum(lengths)  # [B]
+    wanted = np.array(num_logits, dtype=np.int64)  # [B]
+    item = np.repeat(np.arange(len(lengths)), wanted)  # [N]
+    within = np.arange(len(item)) - (np.cumsum(wanted) - wanted)[item]  # [N]
+    return torch.from_numpy((ends - wanted)[item] + within)
 
 
 class ModelRunner:
@@ -63,8 +63,8 @@ class ModelRunner:
                       padded_tokens: int | None = None) -> tuple[ForwardContext, torch.Tensor, torch.Tensor]:
         """The forward context (with the backend's metadata) plus input ids and positions [padded_tokens or T]."""
         ctx, input_ids, positions = self.step_inputs.build(items, mode, padded_tokens)
-        ctx = dataclasses.replace(ctx, backend=self.backend)
-        return dataclasses.replace(ctx, attn_metadata=self.backend.prepare(ctx)), input_ids, positions
+        meta = self.backend.prepare(ctx)  # no backend reads ctx.backend
+        return dataclasses.replace(ctx, backend=self.backend, attn_metadata=meta), input_ids, positions
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], mode: ForwardMode, aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
