@@ -6,7 +6,7 @@ count, while its times are not the deployed ones (the build shares this process)
 SSD's rounds carry fewer tokens than SD's, and what a setting changes there.
 
 `PYTHONPATH=. python -m bench.ssd_rounds --numseqs 2 --output-len 96 --batch 4 --temp 0.7 --settings sd,ssd,ssd-bh`
-(settings: sd; ssd; ssd-bh = ssd with backup_hits).
+(settings: sd; ssd; ssd-bh = ssd with backup_hits; ssd-floor = ssd with round_hit_floor 0.1).
 """
 
 import argparse
@@ -23,7 +23,8 @@ from ssd.llm import LLM
 from ssd.sampling.params import SamplingParams
 from ssd.speculation.speculation_stats import SpecStats
 
-SETTINGS = {"sd": None, "ssd": SsdConfig(), "ssd-bh": SsdConfig(backup_hits=True)}
+SETTINGS = {"sd": None, "ssd": SsdConfig(), "ssd-bh": SsdConfig(backup_hits=True),
+            "ssd-floor": SsdConfig(round_hit_floor=0.1)}
 FIELDS = ("num_drafts", "num_emitted_tokens", "num_cache_hits", "num_cache_misses", "emitted_after_hit",
           "emitted_after_miss", "verify_s", "propose_s", "num_rounds")
 

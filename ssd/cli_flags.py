@@ -89,9 +89,13 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {  # EngineConfig's fields
                             "(0, 1] (1 = off)", float, env="SAGUARO_C"),
     "backup_hits": ConfigFlag(("--backup-hits",), "a round that waits for a neural backup re-drafts its cache hits "
                               "too, in the same batched forwards (from the target's features)", action="store_true"),
+    "round_hit_floor": ConfigFlag(("--round-hit-floor",), "neural backup: a round of several sequences builds "
+                                  "caches only if all of them hit at least this likely, else drafts them now as SD "
+                                  "(0 = always build)", float, env="ROUND_HIT_FLOOR"),
 }
 STEP_FIELDS = ("compile", "enforce_eager", "attention_backend")  # how the model forward runs
-SSD_FIELDS = ("fan_out_budget", "fan_out", "backup", "backup_max_neural_batch", "saguaro_c", "backup_hits")
+SSD_FIELDS = ("fan_out_budget", "fan_out", "backup", "backup_max_neural_batch", "saguaro_c", "backup_hits",
+              "round_hit_floor")
 _DEFAULTS = {f.name: f.default for config in (EngineConfig, SsdConfig) for f in dataclasses.fields(config)}
 
 

@@ -86,10 +86,15 @@ class SsdConfig:
     # when some sequences of a round miss and get a neural backup, re-draft the hits in the same batched forwards
     # too (from the target's real features, as SD does) instead of returning their cached speculations
     backup_hits: bool = False
+    # with a neural backup, a round of several sequences builds caches only when all of them hit at least this
+    # likely (the measured hit rate to the batch size); else it drafts them all now, as SD (0 = always build)
+    round_hit_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.fan_out_budget <= 256:
             raise InvalidRequestError(f"fan-out budget must be in [0, 256], got {self.fan_out_budget}")
+        if not 0 <= self.round_hit_floor <= 1:
+            raise InvalidRequestError(f"round hit floor must be in [0, 1], got {self.round_hit_floor}")
         object.__setattr__(self, "fan_out", parse_enum(FanOut, self.fan_out, "fan-out"))
         object.__setattr__(self, "backup", parse_enum(Backup, self.backup, "backup"))
         check_saguaro_c(self.saguaro_c)

@@ -5,7 +5,7 @@ counted it from the caller's DraftRecord (ssd/speculation/draft_record.py), retu
 key (a hit) or a backup (a miss: the neural draft now for small batches, n-gram lookup above; only the sequences
 that missed), and notes in the record what it returned. The speculator keeps no per-sequence state of its own.
 A request marked `sd_round` (mode auto chose plain SD for this round) gets the neural draft's speculation now,
-no lookup, and nothing built after it.
+no lookup, and nothing built after it; so does every request of a round whose caches could not pay (below).
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
 decodes all branches K deep (one batched forward per depth), and stores (seq, j, guess) -> K tokens (+ q).
@@ -31,6 +31,12 @@ from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
 from ssd.speculation.speculation import Speculation
 
 RANKED_GUESSES = 16  # guesses ranked per acceptance length, to measure the miss-rate power law
+# With a neural backup one miss makes a whole round wait for the backup, so a round's caches pay only when every
+# sequence hits: below SsdConfig.round_hit_floor the round drafts every sequence now, as SD, and builds nothing (a
+# build then only takes cores and memory bandwidth from the verify). Every PROBE_EVERY-th such round builds
+# anyway, to keep measuring the hit rate.
+PROBE_EVERY = 16
+HIT_RATE_WEIGHT = 0.05  # of each new answer in the hit rate's moving average
 
 
 def sample_branch_tokens(logits: torch.Tensor, temperature: torch.Tensor, top: int, c: float,
@@ -48,6 +54,7 @@ def sample_branch_tokens(logits: torch.Tensor, temperature: torch.Tensor, top: i
 class SsdCounters:
     num_hits: int = 0
     num_misses: int = 0
+    num_rounds_drafted_now: int = 0  # rounds whose whole hit was too unlikely: every sequence drafted as SD
     num_neural_backups: int = 0
     num_fast_backups: int = 0
     num_builds: int = 0
@@ -91,6 +98,8 @@ class SsdSpeculator:
         self.after_hit = FanOutEstimator()  # acceptance of cached speculations
         self.after_miss = FanOutEstimator(prior_a=0.4)  # acceptance of backups
         self.counters = SsdCounters()
+        self.hit_rate = 1.0  # moving average over the answers that had a cache to look in (1: none measured yet)
+        self._rounds_since_build = 0
 
     def release(self, record: DraftRecord) -> None:
         """Free the sequence's model state; a build still queued for it skips it."""
@@ -116,11 +125,13 @@ class SsdSpeculator:
         out: dict[int, Speculation] = {}
         misses: list[tuple[ProposeRequest, DraftRecord]] = []
         sd_now: list[tuple[ProposeRequest, DraftRecord]] = []  # speculated as plain SD this round
+        self._measure_hits(records)
+        everyone_now = self._drafts_everyone_now(requests, config)
         for r, state in zip(requests, records, strict=True):
             outcome = state.outcome
             if outcome is not None:
                 self._record(state, outcome)
-            if r.sd_round:
+            if r.sd_round or everyone_now:
                 sd_now.append((r, state))
                 continue
             cached = state.cache.get(outcome) if outcome is not None else None
@@ -152,10 +163,29 @@ class SsdSpeculator:
         for r, state in zip(requests, records, strict=True):
             spec = out[r.seq_id]
             state.answered(spec.tokens, bool(spec.cache_hit))
-            if not r.sd_round:
+            if not (r.sd_round or everyone_now):
                 job.pending.append(_Pending(r, state, spec, r.seq_id in consumed))
             specs.append(spec)
         return specs, job
+
+    def _measure_hits(self, records: list[DraftRecord]) -> None:
+        """Fold the answers that can hit (a cache was built for the outcome they bring) into the hit rate."""
+        for state in records:
+            if state.cache and state.outcome is not None:
+                self.hit_rate += HIT_RATE_WEIGHT * ((state.outcome in state.cache) - self.hit_rate)
+
+    def _drafts_everyone_now(self, requests: list[ProposeRequest], config: SsdConfig) -> bool:
+        """Whether this round drafts every sequence now (as SD) and builds nothing: a neural backup, and a round of
+        several sequences that all hit less likely than config.round_hit_floor (but for a probe now and then)."""
+        count = sum(not r.sd_round for r in requests)
+        if count <= 1 or config.backup_for(len(requests)) is not Backup.NEURAL:
+            return False
+        if self.hit_rate**count >= config.round_hit_floor or self._rounds_since_build >= PROBE_EVERY:
+            self._rounds_since_build = 0
+            return False
+        self._rounds_since_build += 1
+        self.counters.num_rounds_drafted_now += 1
+        return True
 
     def _draft_now(self, sd_now: list[tuple[ProposeRequest, DraftRecord]], out: dict[int, Speculation]) -> None:
         """Plain SD for these sequences: the neural draft's speculation now, not an SSD answer (no cache-hit flag);

@@ -54,7 +54,7 @@ def test_ssd_counters_and_draft_timings(models):
 
 def test_ssd_backup_hits_redrafts_the_hits_of_a_round_that_missed(models):
     """backup_hits: a round with a neural backup drafts its hits afresh too; greedy output unchanged."""
-    llm = _llm(models, "other", SsdConfig(backup="neural", backup_hits=True))
+    llm = _llm(models, "other", SsdConfig(backup="neural", backup_hits=True, round_hit_floor=0.0))
     outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == models[1]
     draft = llm.engine.speculative_decoder.proposer.counters

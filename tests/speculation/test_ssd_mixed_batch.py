@@ -12,7 +12,7 @@ from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
-from ssd.speculation.ssd_speculator import SsdSpeculator
+from ssd.speculation.ssd_speculator import PROBE_EVERY, SsdSpeculator
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -53,3 +53,46 @@ def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
             head_features = proposer.seqs[i].fused  # [committed - 1, d]: what the head drafts from
             assert head_features.shape[0] == len(tokens[i]) - 1
             torch.testing.assert_close(head_features, proposer.head.fuse(features[i]))
+
+
+def _three_sequences(tmp_path, config: SsdConfig):
+    target, head_dir = tmp_path / "target", tmp_path / "head"
+    hf = write_tiny_checkpoint(target, "llama", seed=0).float().eval()
+    write_tiny_head(head_dir, target)
+    tc = load_model_config(target)
+    proposer = Eagle3Proposer(head_dir, hf.model.embed_tokens.weight.detach(), tc, "float32")
+    ssd = SsdSpeculator(proposer, Eagle3BranchDrafter(proposer), config)
+    torch.manual_seed(0)
+    tokens = {i: [5 + i, 6, 7, 8] for i in (1, 2, 3)}
+    features = {i: torch.randn(len(t) - 1, 3 * tc.hidden_size) for i, t in tokens.items()}
+    records = [DraftRecord(i, tokens[i], 0.0, torch.Generator(), mode=DecodeMode.SSD) for i in tokens]
+    requests = [ProposeRequest(i, list(tokens[i]), K, 0.0, torch.Generator(), None, features[i], 0) for i in tokens]
+    return ssd, requests, records
+
+
+def test_a_round_that_cannot_all_hit_drafts_now_and_builds_nothing(tmp_path):
+    """Neural backup, 3 sequences, a measured hit rate of 0.3: all three hit with probability 0.027, under the
+    floor of 0.1, so the round drafts every sequence now (as SD: no cache-hit flag) and builds no cache."""
+    ssd, requests, records = _three_sequences(tmp_path, SsdConfig(backup="neural", round_hit_floor=0.1))
+    ssd.hit_rate = 0.3
+    specs, job = ssd.answer(requests, records)
+    assert job.pending == [] and all(s.cache_hit is None and len(s.tokens) == K for s in specs)
+    assert ssd.counters.num_rounds_drafted_now == 1 and ssd.counters.num_misses == 0
+
+
+def test_a_round_builds_where_a_whole_hit_is_likely_enough_or_the_floor_is_off(tmp_path):
+    ssd, requests, records = _three_sequences(tmp_path, SsdConfig(backup="neural", round_hit_floor=0.1))
+    ssd.hit_rate = 0.5  # 0.125 >= 0.1
+    _, job = ssd.answer(requests, records)
+    assert len(job.pending) == 3
+    ssd, requests, records = _three_sequences(tmp_path, SsdConfig(backup="neural"))  # default floor 0: always
+    ssd.hit_rate = 0.01
+    _, job = ssd.answer(requests, records)
+    assert len(job.pending) == 3 and ssd.counters.num_rounds_drafted_now == 0
+
+
+def test_rounds_that_draft_now_probe_the_cache_now_and_then(tmp_path):
+    ssd, requests, records = _three_sequences(tmp_path, SsdConfig(backup="neural", round_hit_floor=0.1))
+    ssd.hit_rate = 0.1
+    built = [bool(ssd.answer(requests, records)[1].pending) for _ in range(PROBE_EVERY + 1)]
+    assert built == [False] * PROBE_EVERY + [True]
