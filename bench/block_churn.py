@@ -1,18 +1,24 @@
-"""The block manager alone under churn (2026-12-06, docs/benchmarks.md "KV block scatter"): requests with shared
-system prompts come and go, up to 6 at a time; prints the prefix-cache hit share and the mean run of consecutive
-block ids of the finished sequences, then the table of a new 1,500-token sequence.
-    PYTHONPATH=. python bench/results/zen4_host/block_churn_sim.py"""
+"""The KV block manager alone under churn: how scattered a served engine's block tables become.
+
+    python -m bench.block_churn
+
+Requests with one of 30 shared system prompts come and go, up to 6 at a time, for 30,000 decode steps on 728
+blocks. Prints, per seed, the prefix cache's hit share, the mean run of consecutive block ids of the finished
+sequences, and how many consecutive pairs a new 1,500-token sequence's table then has (bench/kv_block_scatter.py
+times attention over such tables).
+"""
 
 import random
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from ssd.kv.block_manager import BlockManager
 
 
 @dataclass
 class Seq:
-    token_ids: list
-    block_table: list = field(default_factory=list)
+    token_ids: list[int]
+    block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_hashed_blocks: int = 0
     target: int = 0
@@ -20,7 +26,7 @@ class Seq:
 
 def mean_run(table: list[int]) -> float:
     runs, cur = [], 1
-    for a, b in zip(table, table[1:]):
+    for a, b in pairwise(table):
         if b == a + 1:
             cur += 1
         else:
@@ -63,12 +69,16 @@ def simulate(seed: int, steps: int = 30000) -> None:
         bm.free(s)
     new = Seq([random.randint(0, 50000) for _ in range(1500)])
     bm.allocate(new)
-    pairs = sum(b == a + 1 for a, b in zip(new.block_table, new.block_table[1:]))
-    print(f"seed {seed}: prefix hit blocks {bm.num_prefix_hit_blocks} of {asked} ({bm.num_prefix_hit_blocks / asked:.3f}), "
-          f"mean run of finished seqs {run_sum / run_n:.2f}; a new 1500-token sequence: {len(new.block_table)} blocks, "
-          f"{pairs} consecutive pairs")
+    pairs = sum(b == a + 1 for a, b in pairwise(new.block_table))
+    hits = bm.num_prefix_hit_blocks
+    print(f"seed {seed}: prefix hit blocks {hits} of {asked} ({hits / asked:.3f}), mean run of finished sequences "
+          f"{run_sum / run_n:.2f}; a new 1500-token sequence: {len(new.block_table)} blocks, {pairs} consecutive pairs")
+
+
+def main() -> None:
+    for seed in range(3):
+        simulate(seed)
 
 
 if __name__ == "__main__":
-    for seed in range(3):
-        simulate(seed)
+    main()
