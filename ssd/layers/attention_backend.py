@@ -53,11 +53,18 @@ class AttentionBackend(Protocol):
         """q [T, H, D], kv_cache [2, KVH, num_slots, D] (new K/V already stored) -> [T, H, D]."""
 
 
-def key_slots(ctx: ForwardContext, key: torch.Tensor) -> torch.Tensor:
-    """[B, S] int64: the KV slot of key position key[s] of every sequence (past a sequence's blocks: its last)."""
-    bs = ctx.block_size
-    block = (key // bs).clamp(max=ctx.block_tables.shape[1] - 1)
-    return ctx.block_tables[:, block].to(torch.int64) * bs + key % bs
+def key_slots(ctx: ForwardContext, num_keys: int) -> torch.Tensor:
+    """[B, S] int64, C-contiguous: the KV slot of key position s < S = num_keys of every sequence (past a
+    sequence's blocks: its last). On CPU with numpy over the block tables' memory: at a decode step the same
+    arithmetic as torch ops costs more in dispatch than in work."""
+    bs, tables = ctx.block_size, ctx.block_tables
+    if tables.device.type == "cpu":
+        key = np.arange(num_keys)  # [S]
+        block = np.minimum(key // bs, tables.shape[1] - 1)  # [S]
+        return torch.from_numpy(np.take(tables.numpy(), block, axis=1).astype(np.int64) * bs + key % bs)
+    key = torch.arange(num_keys, device=tables.device)  # [S]
+    block = (key // bs).clamp(max=tables.shape[1] - 1)
+    return tables[:, block].to(torch.int64) * bs + key % bs
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ def padded_batch(ctx: ForwardContext) -> PaddedBatch:
     dev = ctx.seq_lens.device
     num_seqs, num_q, num_keys = ctx.seq_lens.numel(), ctx.max_query_len, bucketed(ctx.max_seq_len)
     key = torch.arange(num_keys, device=dev)  # [S]
-    kv_slots = key_slots(ctx, key)  # [B, S]
+    kv_slots = key_slots(ctx, num_keys)  # [B, S]
     seq_lens = ctx.seq_lens.to(torch.int64)
     col = torch.arange(num_q, device=dev)  # [Q]
     if ctx.is_uniform and ctx.tree_mask is None:  # decode / equal verify: no padding rows, a few ops fewer
@@ -136,13 +143,8 @@ class CpuBackend:
         if (not ctx.is_uniform or ctx.tree_mask is not None or ctx.max_query_len > MAX_MATMUL_QUERIES
                 or not cpu_kernels.layer_ops_enabled()):
             return self.fallback.prepare(ctx)
-        # numpy on the CPU tensors' memory: the same arithmetic as key_slots, without ~10 torch ops' dispatch a step
-        tables, bs = ctx.block_tables.numpy(), ctx.block_size  # [B, max_blocks]
-        key = np.arange(ctx.max_seq_len)  # [S]
-        block = np.minimum(key // bs, tables.shape[1] - 1)  # [S]
-        kv_slots = np.take(tables, block, axis=1).astype(np.int64) * bs + key % bs  # [B, S], C-contiguous
-        seq_lens = ctx.seq_lens.numpy().astype(np.int64)  # [B]
-        return FewQueries(torch.from_numpy(kv_slots), torch.from_numpy(seq_lens), ctx.max_query_len)
+        kv_slots = key_slots(ctx, ctx.max_seq_len)  # [B, S]
+        return FewQueries(kv_slots, ctx.seq_lens.to(torch.int64).contiguous(), ctx.max_query_len)
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
         from ssd.layers import cpu_kernels

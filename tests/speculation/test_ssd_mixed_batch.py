@@ -6,7 +6,7 @@ accepted ~1.15 tokens per round where SD accepted ~1.6-1.9.)"""
 import torch
 
 from ssd.config import DecodeMode, SsdConfig
-from ssd.model_config import load_model_config
+from ssd.model_config import ModelConfig, load_model_config
 from ssd.speculation.draft_record import DraftRecord
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
@@ -19,14 +19,19 @@ from tests.tiny_models import write_tiny_checkpoint
 K = 3
 
 
-def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
+def _speculator(tmp_path, config: SsdConfig) -> tuple[Eagle3Proposer, SsdSpeculator, ModelConfig]:
+    """An SSD speculator over a tiny EAGLE-3 head of a tiny target, and the target's config."""
     target, head_dir = tmp_path / "target", tmp_path / "head"
     hf = write_tiny_checkpoint(target, "llama", seed=0).float().eval()
     write_tiny_head(head_dir, target)
     tc = load_model_config(target)
     proposer = Eagle3Proposer(head_dir, hf.model.embed_tokens.weight.detach(), tc, "float32")
-    ssd = SsdSpeculator(proposer, Eagle3BranchDrafter(proposer), SsdConfig(backup="neural", fan_out_budget=8))
     torch.manual_seed(0)
+    return proposer, SsdSpeculator(proposer, Eagle3BranchDrafter(proposer), config), tc
+
+
+def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
+    proposer, ssd, tc = _speculator(tmp_path, SsdConfig(backup="neural", fan_out_budget=8))
     tokens = {1: [5, 6, 7, 8, 9], 2: [20, 21, 22, 23]}
     features = {i: torch.randn(len(t) - 1, 3 * tc.hidden_size) for i, t in tokens.items()}  # [P-1, 3d] each
     records = [DraftRecord(i, tokens[i], 0.0, torch.Generator(), mode=DecodeMode.SSD) for i in tokens]
@@ -56,13 +61,7 @@ def test_a_hit_beside_a_miss_keeps_its_target_features(tmp_path):
 
 
 def _three_sequences(tmp_path, config: SsdConfig):
-    target, head_dir = tmp_path / "target", tmp_path / "head"
-    hf = write_tiny_checkpoint(target, "llama", seed=0).float().eval()
-    write_tiny_head(head_dir, target)
-    tc = load_model_config(target)
-    proposer = Eagle3Proposer(head_dir, hf.model.embed_tokens.weight.detach(), tc, "float32")
-    ssd = SsdSpeculator(proposer, Eagle3BranchDrafter(proposer), config)
-    torch.manual_seed(0)
+    _, ssd, tc = _speculator(tmp_path, config)
     tokens = {i: [5 + i, 6, 7, 8] for i in (1, 2, 3)}
     features = {i: torch.randn(len(t) - 1, 3 * tc.hidden_size) for i, t in tokens.items()}
     records = [DraftRecord(i, tokens[i], 0.0, torch.Generator(), mode=DecodeMode.SSD) for i in tokens]
