@@ -32,17 +32,33 @@ class Eagle3BranchDrafter:
     @torch.inference_mode()
     def glue(self, requests: list[GlueRequest]) -> list[torch.Tensor]:
         """One catch-up forward for all sequences, then the speculations' self-conditioned steps, one forward per
-        step for all. -> per request [m+1, Vd] float32 draft logits on CPU."""
+        step for all. A speculation the head has just drafted as a chain (a backup, from the same real positions)
+        already ran its first m-1 steps: they are taken from the chain, not run again.
+        -> per request [m+1, Vd] float32 draft logits on CPU."""
         head = self.proposer.head
-        states = self.proposer._catch_up_many([
-            ProposeRequest(r.seq_id, r.token_ids, 0, 0.0, torch.Generator(), None, r.features, r.features_start)
-            for r in requests])
-        hiddens = [[s.rows[-1][0]] for s in states]  # per sequence: out_hidden after 0..m glue steps, each [d]
-        rows = [[s.rows[-1][1]] for s in states]  # per sequence: draft logits after 0..m glue steps, each [Vd]
+        states: list = [None] * len(requests)
+        fresh = []
+        for i, r in enumerate(requests):
+            reused = self.proposer.drafted_steps(r.seq_id, r.speculation) if r.features is None else None
+            if reused is None:
+                fresh.append(i)
+            states[i] = reused
+        caught_up = self.proposer._catch_up_many([
+            ProposeRequest(requests[i].seq_id, requests[i].token_ids, 0, 0.0, torch.Generator(), None,
+                           requests[i].features, requests[i].features_start) for i in fresh])
+        for i, state in zip(fresh, caught_up, strict=True):
+            states[i] = state
+        # per sequence: out_hidden [d] and draft logits [Vd] after 0..m glue steps (the chain's steps first)
+        hiddens = [[s.rows[-1][0], *(out for _, out, _ in s.drafted)] for s in states]
+        rows = [[s.rows[-1][1], *(row for _, _, row in s.drafted)] for s in states]
+        for s in states:
+            s.drafted = []  # their KV is glue KV from here on
         self.glue_hidden = {}  # the previous build's rows are not needed any more
-        reals = [s.cache.length for s in states]  # L: positions with real target features
+        reals = [s.num_real for s in states]  # L: positions with real target features
         for step in range(max((len(r.speculation) for r in requests), default=0)):
-            active = [i for i, r in enumerate(requests) if step < len(r.speculation)]
+            active = [i for i, r in enumerate(requests) if len(hiddens[i]) - 1 <= step < len(r.speculation)]
+            if not active:
+                continue
             outs, logits = head.decode_step([requests[i].speculation[step] for i in active],
                                             [hiddens[i][-1] for i in active], [states[i].cache for i in active])
             for i, out, row in zip(active, outs, logits, strict=True):

@@ -42,6 +42,9 @@ class _HeadSeq:
     fused: torch.Tensor  # [m, d] fused features g_0..g_{m-1}, on the head's device
     num_real: int = 0  # head positions computed from real target features
     rows: list[torch.Tensor] = field(default_factory=list)  # [(out_hidden [d], draft logits [Vd])] (device)
+    # the last chain's steps past the real positions, in its KV right after them: (token fed, out_hidden [d], draft
+    # logits [Vd]) each; SSD's glue reuses them instead of running the same steps again (`drafted_steps`)
+    drafted: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class Eagle3Proposer:
@@ -119,7 +122,19 @@ class Eagle3Proposer:
             state.fused = torch.cat([state.fused[:start], feats])
             state.num_real = min(state.num_real, start)
         state.cache.truncate(state.num_real)
+        state.drafted = []
         return state, min(len(state.fused), len(r.token_ids) - 1), r  # m: head positions with real inputs
+
+    def drafted_steps(self, seq_id: int, speculation: list[int]) -> _HeadSeq | None:
+        """The sequence's state if its last chain drafted `speculation` from its real positions and nothing has
+        touched its KV since: then its `drafted` steps are the first glue steps of that speculation (SSD's glue
+        after a backup runs only the rest). None otherwise."""
+        state = self.seqs.get(seq_id)
+        if state is None or not state.rows or state.cache.length != state.num_real + len(state.drafted):
+            return None
+        if [token for token, _, _ in state.drafted] != speculation[: len(state.drafted)]:
+            return None
+        return state
 
     @torch.inference_mode()
     def _catch_up_many(self, requests: list[ProposeRequest]) -> list[_HeadSeq]:
@@ -199,6 +214,7 @@ class Eagle3Proposer:
                                                  [caches[i] for i in active])
             for i, out, row in zip(active, outs, logits, strict=True):
                 hidden[i], logprobs[i] = out, torch.log_softmax(row.float(), dim=-1).cpu()
+                states[i].drafted.append((tokens[i][-1], out, row))
         return [Speculation(t, None, torch.stack(q) if q else None) for t, q in zip(tokens, qs, strict=True)]
 
     @torch.inference_mode()

@@ -11,6 +11,7 @@ from ssd.speculation.draft_model import DraftModelProposer
 from ssd.speculation.eagle3_branches import Eagle3BranchDrafter
 from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.paged_branches import PagedBranchDrafter
+from ssd.speculation.proposer import ProposeRequest
 from tests.speculation.test_eagle3_sd import write_tiny_head
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -108,3 +109,56 @@ def test_eagle3_tree_decode_equals_sequential_reference(tiny, tmp_path, shape):
                 hidden, ref = step([token], hidden, branch_cache)
                 assert torch.allclose(seen[d][r], ref, atol=1e-4), (shape, r, d)
                 token = int(tokens[r, d])
+
+
+def test_eagle3_glue_after_a_backup_reuses_the_chain_steps(tiny, tmp_path):
+    """A glue right after the head drafted the same speculation as a chain (SSD's backup) runs only the last step,
+    and its logits, and the branches decoded after it, equal those of a glue from scratch on a fresh head."""
+    target, hf = tiny
+    write_tiny_head(tmp_path, target)
+    tc = load_model_config(target)
+    torch.manual_seed(0)
+    features = torch.randn(len(COMMITTED) - 1, 3 * tc.hidden_size)  # [P, 3d]
+    fork_points = SHAPES["geometric"]
+    drafters = [Eagle3BranchDrafter(Eagle3Proposer(tmp_path, hf.model.embed_tokens.weight.detach(), tc, "float32"))
+                for _ in range(2)]
+    backup = ProposeRequest(1, COMMITTED, len(SPEC), 0.0, torch.Generator(), None, features, 0)
+    spec = drafters[0].proposer.propose([backup])[0].tokens  # the chain the backup answered with
+    head = drafters[0].proposer.head
+    calls = []
+    forward_many = head.forward_many
+    head.forward_many = lambda *a: calls.append(len(a[0])) or forward_many(*a)
+    after_backup = drafters[0].glue([GlueRequest(1, COMMITTED, spec, reserve=0)])[0]  # features consumed
+    head.forward_many = forward_many
+    assert calls == [1]  # the chain's m - 1 steps are not run again
+    scratch = drafters[1].glue([GlueRequest(1, COMMITTED, spec, reserve=0, features=features)])[0]
+    assert torch.allclose(after_backup, scratch, atol=1e-5)  # both [m+1, Vd]
+    results = []
+    for drafter in drafters:
+        seen = []
+
+        def pick(d, logits, drafter=drafter, seen=seen):  # noqa: ANN001, ANN202
+            seen.append(logits[0].clone())
+            return [drafter.vocab.to_target(logits[0].argmax(dim=-1).tolist())]
+
+        req = BranchRequest(1, len(COMMITTED), len(spec) + 1, fork_points, _guesses(fork_points))
+        results.append((drafter.decode_branches([req], DEPTH, pick)[0], seen))
+    (tokens_a, seen_a), (tokens_b, seen_b) = results
+    assert torch.equal(tokens_a, tokens_b)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(seen_a, seen_b, strict=True))
+
+
+def test_eagle3_chain_steps_serve_one_glue_of_the_same_speculation(tiny, tmp_path):
+    """A chain's steps serve one glue only (its KV is glue KV after it), and never a speculation the chain did not
+    draft."""
+    target, hf = tiny
+    write_tiny_head(tmp_path, target)
+    tc = load_model_config(target)
+    features = torch.randn(len(COMMITTED) - 1, 3 * tc.hidden_size)
+    drafter = Eagle3BranchDrafter(Eagle3Proposer(tmp_path, hf.model.embed_tokens.weight.detach(), tc, "float32"))
+    proposer = drafter.proposer
+    spec = proposer.propose([ProposeRequest(1, COMMITTED, len(SPEC), 0.0, torch.Generator(), None, features, 0)])[0]
+    assert proposer.drafted_steps(1, spec.tokens) is not None
+    assert proposer.drafted_steps(1, [t + 1 for t in spec.tokens]) is None  # another speculation
+    drafter.glue([GlueRequest(1, COMMITTED, spec.tokens, reserve=0)])
+    assert proposer.drafted_steps(1, spec.tokens) is None  # the glue took them: its KV is glue KV now
