@@ -39,7 +39,7 @@ def _modes(text: str) -> list[str]:
 
 
 SWEEPABLE = {"k": int, "batch": int, "draft_temperature": float, "fan_out_budget": int,  # --sweep NAME=v1,v2,...
-             "saguaro_c": float, "backup_hits": lambda v: v.lower() in ("1", "true")}
+             "saguaro_c": float, "backup_hits": lambda v: v.lower() in ("1", "true"), "backup": str}
 
 
 def _sweep(text: str) -> tuple[str, list]:

@@ -45,7 +45,7 @@ class BenchSettings:
     draft_temperature: float | None = None
     fan_out_budget: int = 8  # ssd: bonus-token guesses per sequence and round
     fan_out: FanOut = FanOut.GEOMETRIC  # ssd: fan-out shape
-    backup: Backup = Backup.AUTO  # ssd: backup on a miss
+    backup: Backup = Backup.FAST  # ssd: backup on a miss (SsdConfig's default)
     saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
     backup_hits: bool = False  # ssd: a round with a neural backup re-drafts its hits too (the draft's flag)
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)

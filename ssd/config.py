@@ -80,7 +80,7 @@ class SsdConfig:
 
     fan_out_budget: int = 8  # bonus-token guesses prepared per sequence and round (sum of the fan-out shape)
     fan_out: FanOut = FanOut.GEOMETRIC  # the fan-out shape (a string naming one is converted)
-    backup: Backup = Backup.AUTO  # on a miss (a string naming one is converted)
+    backup: Backup = Backup.FAST  # on a miss (a string naming one is converted); docs/ssd.md says why fast
     backup_max_neural_batch: int = 4  # auto: neural backup up to this batch size, fast above
     saguaro_c: float = 1.0  # scales the draft's top-F probabilities before sampling; 1 = plain sampling
     # when some sequences of a round miss and get a neural backup, re-draft the hits in the same batched forwards

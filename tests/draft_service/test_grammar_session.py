@@ -9,6 +9,7 @@ from draft_service.config import DraftServiceConfig, draft_engine
 from draft_service.proposers import build_service_proposer
 from draft_service.session import Session
 from protos.ssd.v1 import common_pb2, draft_pb2
+from ssd.config import SsdConfig
 from ssd.sampling.grammar import Grammar, GrammarCompiler
 from tests.letter_models import EOS
 from tests.speculation.test_grammar import PROMPT
@@ -23,7 +24,8 @@ def _allowed_everywhere(compiler: GrammarCompiler, answer: list[int], tokens: li
 
 
 def test_the_draft_compiles_a_prefills_grammar_and_proposes_only_what_it_allows(letters):
-    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(letters[1]), kv_cache_memory_mb=8)))
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(letters[1]), kv_cache_memory_mb=8),
+                                                      ssd=SsdConfig(backup="neural")))  # a miss drafts now
     assert draft.grammars is not None  # the draft folder has a tokenizer.json
     session = Session(draft.proposer, "test", ssd=draft.ssd, grammars=draft.grammars)
     compiler = GrammarCompiler(letters[0] / "tokenizer.json", 16, frozenset({EOS}))

@@ -19,6 +19,7 @@ from draft_service.proposers import build_service_proposer
 from draft_service.servicer import SpeculatorServicer
 from draft_service.session import Session
 from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
+from ssd.config import SsdConfig
 from ssd.speculation.ngram import NgramProposer
 from tests.tiny_models import write_tiny_checkpoint
 
@@ -45,7 +46,9 @@ def greedy(target) -> list[int]:
 
 @pytest.fixture
 def draft(target):
-    return build_service_proposer(DraftServiceConfig(draft_engine(str(target), kv_cache_memory_mb=8)))
+    # the neural backup: these tests follow what a miss drafts
+    return build_service_proposer(DraftServiceConfig(draft_engine(str(target), kv_cache_memory_mb=8),
+                                                     ssd=SsdConfig(backup="neural")))
 
 
 def prefill(seq_id: int, tokens: list[int], ssd: bool = True) -> draft_pb2.Prefill:

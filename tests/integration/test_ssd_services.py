@@ -63,7 +63,9 @@ def stacks(drafts, tmp_path_factory):
             config = stack_config(model=str(drafts["self"]), draft=str(drafts[which]), dtype="float32", k=K,
                                  default_mode="ssd", http_port=free_port(), grpc_port=free_port(),
                                  log_dir=tmp_path_factory.mktemp(f"logs-ssd-{which}"))
-            started[which] = stack = start_stack(config, timeout_s=180)
+            with pytest.MonkeyPatch.context() as env:  # these tests follow q and acceptance through neural backups
+                env.setenv("SSD_DRAFT_BACKUP", "neural")
+                started[which] = stack = start_stack(config, timeout_s=180)
             assert wait_for(lambda: target_load(stack.target_addresses[0]).is_draft_connected, timeout_s=60)
         return started[which]
 

@@ -65,7 +65,7 @@ def test_greedy_speculation_equals_ar_with_a_quantized_target(models, expected, 
     target, draft, head = models
     spec = {"sd-draft-model": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
             "sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
-            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig(backup="neural"))}[which]
     llm = _llm(target, quantization, spec)
     assert _greedy(llm, batch) == expected[quantization]
     assert llm.engine.speculative_decoder.counters.num_drafts > 0
@@ -185,7 +185,7 @@ def test_greedy_speculation_equals_ar_on_the_own_cpu_kernels(models, tmp_path, w
     assert ar.engine.worker.model.lm_head.q8_blocks is not None  # the Q8_0 head serves decode steps and verifies
     spec = {"sd-draft-model": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3),
             "sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
-            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig(backup="neural"))}[which]
     llm = _llm(folder, "auto", spec)
     assert _greedy(llm, batch) == _greedy(ar, batch)
     assert llm.engine.speculative_decoder.counters.num_drafts > 0
@@ -224,7 +224,7 @@ def test_bfloat16_greedy_speculation_equals_ar_on_the_own_bfloat16_kernels(model
     assert int4 and all(m.own_bf16_blocks is not None and m.runs_own_kernel(torch.bfloat16) for m in int4)
     assert ar.engine.worker.model.lm_head.q8_bf16_blocks is not None
     spec = {"sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
-            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig())}[which]
+            "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig(backup="neural"))}[which]
     spec_llm = llm(spec)
     assert _greedy(spec_llm, 4) == _greedy(ar, 4)
     assert spec_llm.engine.speculative_decoder.counters.num_drafts > 0

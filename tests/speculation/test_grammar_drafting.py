@@ -34,7 +34,7 @@ def head(letters, tmp_path_factory):  # noqa: ANN001, ANN201
 def _spec(draft, shape: str) -> spec_config.SpeculationConfig:  # noqa: ANN001
     return spec_config.SpeculationConfig(spec_config.ProposerChoice(str(draft)), num_speculative_tokens=3,
                                          tree=TreeShape(budget=8, depth=3, top_k=2) if shape == "tree" else None,
-                                         ssd=spec_config.SsdConfig() if shape == "ssd" else None)
+                                         ssd=spec_config.SsdConfig(backup="neural") if shape == "ssd" else None)
 
 
 def _banned(request, spec) -> int:  # noqa: ANN001
