@@ -36,18 +36,13 @@ class Eagle3BranchDrafter:
         already ran its first m-1 steps: they are taken from the chain, not run again.
         -> per request [m+1, Vd] float32 draft logits on CPU."""
         head = self.proposer.head
-        states: list = [None] * len(requests)
-        fresh = []
-        for i, r in enumerate(requests):
-            reused = self.proposer.drafted_steps(r.seq_id, r.speculation) if r.features is None else None
-            if reused is None:
-                fresh.append(i)
-            states[i] = reused
-        caught_up = self.proposer._catch_up_many([
-            ProposeRequest(requests[i].seq_id, requests[i].token_ids, 0, 0.0, torch.Generator(), None,
-                           requests[i].features, requests[i].features_start) for i in fresh])
-        for i, state in zip(fresh, caught_up, strict=True):
-            states[i] = state
+        reused = {i: s for i, r in enumerate(requests)  # features already consumed by the backup that drafted it
+                  if r.features is None and (s := self.proposer.drafted_steps(r.seq_id, r.speculation)) is not None}
+        fresh = [r for i, r in enumerate(requests) if i not in reused]
+        caught_up = iter(self.proposer._catch_up_many([
+            ProposeRequest(r.seq_id, r.token_ids, 0, 0.0, torch.Generator(), None, r.features, r.features_start)
+            for r in fresh]))
+        states = [reused[i] if i in reused else next(caught_up) for i in range(len(requests))]
         # per sequence: out_hidden [d] and draft logits [Vd] after 0..m glue steps (the chain's steps first)
         hiddens = [[s.rows[-1][0], *(out for _, out, _ in s.drafted)] for s in states]
         rows = [[s.rows[-1][1], *(row for _, _, row in s.drafted)] for s in states]
