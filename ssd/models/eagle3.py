@@ -127,29 +127,42 @@ class Eagle3Config:
 
 
 class HeadKVCache:
-    """Dense KV of one sequence for the head's one layer. Rollback is `truncate(n)`: set the length, copy nothing.
-    Capacity stays a multiple of KEY_BUCKET, so attention can read a whole bucket of keys (`bucket_kv`)."""
+    """Dense KV of one sequence for the head's one layer, in the layout of the engine's KV blocks ([2, KVH, slots,
+    D]: one slot per position), so the CPU layer op `rope_attention` reads and writes it in place. Rollback is
+    `truncate(n)`: set the length, copy nothing. Capacity stays a multiple of KEY_BUCKET, so the torch attention
+    can read a whole bucket of keys (`bucket_kv`)."""
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
                  capacity: int = 256, device: torch.device | None = None) -> None:
         capacity = bucketed(max(capacity, 1))
-        self.k = torch.zeros(capacity, num_kv_heads, head_dim, dtype=dtype, device=device)  # [max_len, KVH, D]
-        self.v = torch.zeros_like(self.k)  # [max_len, KVH, D]
+        self.kv = torch.zeros(2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)  # [2, KVH, max_len, D]
         self.length = 0
+
+    @property
+    def k(self) -> torch.Tensor:  # [max_len, KVH, D] view
+        return self.kv[0].transpose(0, 1)
+
+    @property
+    def v(self) -> torch.Tensor:  # [max_len, KVH, D] view
+        return self.kv[1].transpose(0, 1)
+
+    def reserve(self, end: int) -> None:
+        """Grow the capacity to hold `end` positions (doubling, whole buckets)."""
+        if end > self.kv.shape[2]:
+            grown = self.kv.new_zeros(*self.kv.shape[:2], bucketed(max(end, 2 * self.kv.shape[2])), self.kv.shape[3])
+            grown[:, :, : self.kv.shape[2]] = self.kv
+            self.kv = grown
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:  # [n, KVH, D] each
         end = self.length + k.shape[0]
-        if end > self.k.shape[0]:
-            capacity = bucketed(max(end, 2 * self.k.shape[0]))
-            self.k = torch.cat([self.k, self.k.new_zeros(capacity - self.k.shape[0], *self.k.shape[1:])])
-            self.v = torch.cat([self.v, self.v.new_zeros(capacity - self.v.shape[0], *self.v.shape[1:])])
+        self.reserve(end)
         self.k[self.length : end] = k
         self.v[self.length : end] = v
         self.length = end
 
     def bucket_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [S, KVH, D] over the first S = bucketed(length) rows: rows past `length` are zeros or stale scratch
-        that the caller's attention mask must hide."""
+        """k, v [S, KVH, D] (views) over the first S = bucketed(length) rows: rows past `length` are zeros or stale
+        scratch that the caller's attention mask must hide."""
         n = bucketed(self.length)
         return self.k[:n], self.v[:n]
 
@@ -157,6 +170,13 @@ class HeadKVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
+
+
+def visible_slots(mask: torch.Tensor) -> torch.Tensor:
+    """mask [n, S] bool (True = may attend; every row shows at least one key) -> [n, max shown] int64: each row's
+    shown key slots in increasing order, padded with hidden ones (a row reads only its first mask.sum() entries)."""
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # shown slots first, each part in order
+    return order[:, : int(mask.sum(1).max())].contiguous()
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -188,6 +208,23 @@ class HeadLinear(nn.Linear):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
+@dataclass(frozen=True)
+class _FusedLinear:
+    """Inference linears that read the same input, as one packed matmul: their outputs side by side."""
+
+    weight: torch.Tensor  # [sum of outs, in]
+    packed: torch.Tensor | None
+    own: cpu_kernels.OwnMatmul | None
+
+    @classmethod
+    def of(cls, *linears: nn.Linear) -> "_FusedLinear":
+        weight = torch.cat([layer.weight.detach() for layer in linears])
+        return cls(weight, *pack_float(weight))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, sum of outs]
+        return packed_linear(x, self.packed, self.weight, None, self.own)
+
+
 class Eagle3Attention(nn.Module):
     """q/k/v read the concatenation [embedding, feature] (width 2d); o writes back to d."""
 
@@ -200,6 +237,17 @@ class Eagle3Attention(nn.Module):
         self.v_proj = HeadLinear(2 * d, self.num_kv_heads * hd, bias=False)
         self.o_proj = HeadLinear(self.num_heads * hd, d, bias=False)
         self.rotary_emb = get_rope(hd, config.max_position_embeddings, config.rope)
+        self.fused: _FusedLinear | None = None  # inference: q, k and v as one matmul (`pack`)
+
+    def pack(self) -> None:
+        """For inference: q, k and v projected by one packed matmul (`rows`)."""
+        self.fused = _FusedLinear.of(self.q_proj, self.k_proj, self.v_proj)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, 2d] -> the fused projection [N, (H + 2 KVH) D], before RoPE (inference, after `pack`)."""
+        if self.fused is None:
+            raise RuntimeError("Eagle3Attention.rows needs pack() first")
+        return self.fused(x)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, 2d], positions [T] -> q [B, T, H, D], k [B, T, KVH, D], v [B, T, KVH, D] (RoPE applied)."""
@@ -217,8 +265,15 @@ class Eagle3MLP(nn.Module):
         self.gate_proj = HeadLinear(d, m, bias=False)
         self.up_proj = HeadLinear(d, m, bias=False)
         self.down_proj = HeadLinear(m, d, bias=False)
+        self.gate_up: _FusedLinear | None = None  # inference: gate and up as one matmul (`pack`)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def pack(self) -> None:
+        self.gate_up = _FusedLinear.of(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., d]
+        ops = cpu_kernels.layer_ops_for(x) if self.gate_up is not None and x.dim() == 2 else None
+        if ops is not None:
+            return self.down_proj(ops.silu_mul(self.gate_up(x)))  # [N, 2m] -> [N, m] -> [N, d]
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -234,6 +289,10 @@ class Eagle3MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(d, eps)
         self.mlp = Eagle3MLP(config)
 
+    def qkv_rows(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """emb, hidden [N, d] -> the fused q, k, v projection [N, (H + 2 KVH) D] of concat[norm(emb), norm(hidden)]."""
+        return self.self_attn.rows(torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1))
+
     def qkv(self, emb: torch.Tensor, hidden: torch.Tensor,
             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """emb, hidden [B, T, d] -> q, k, v of the attention input concat[norm(emb), norm(hidden)]."""
@@ -241,9 +300,9 @@ class Eagle3MidLayer(nn.Module):
         return self.self_attn.project(x, positions)
 
     def finish(self, attn: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """attn [B, T, H*D], residual hidden [B, T, d] -> out_hidden [B, T, d] (pre-norm)."""
-        h = hidden + self.self_attn.o_proj(attn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """attn [..., H*D], residual hidden [..., d] -> out_hidden [..., d] (pre-norm)."""
+        normed, h = self.post_attention_layernorm(self.self_attn.o_proj(attn), hidden)  # h = hidden + o(attn)
+        return h + self.mlp(normed)
 
 
 class Eagle3Head(nn.Module):
@@ -285,17 +344,9 @@ class Eagle3Head(nn.Module):
                 cache: HeadKVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """n new positions of one sequence at cache.length..: input_ids [n] (target ids), hidden [n, d]
         -> (out_hidden [n, d], draft logits [n, draft_vocab] float32); appends the new K/V to `cache`."""
-        input_ids = input_ids.to(self.device)
-        n, start = input_ids.shape[0], cache.length
-        positions = torch.arange(start, start + n, device=input_ids.device)  # [n]
-        emb = self.embed_tokens(input_ids).to(hidden.dtype)[None]  # [1, n, d]
-        q, k, v = self.midlayer.qkv(emb, hidden[None], positions)
-        cache.append(k[0], v[0])
-        keys, values = cache.bucket_kv()  # [S, KVH, D] each, S >= cache.length
-        mask = (torch.arange(len(keys), device=input_ids.device)[None, :] <= positions[:, None])[None, None]
-        attn = attend(q, keys[None], values[None], mask)  # [1, n, H*D]; mask [1, 1, n, S] hides the padding
-        out = self.midlayer.finish(attn, hidden[None])[0]  # [n, d]
-        return out, self.logits(out)
+        positions = torch.arange(cache.length, cache.length + len(input_ids))  # [n]
+        outs, logits = self.forward_many([input_ids], [hidden], [positions], [None], [cache])
+        return outs[0], logits[0]
 
     def forward_masked(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                        mask: torch.Tensor, cache: HeadKVCache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,34 +356,67 @@ class Eagle3Head(nn.Module):
         return outs[0], logits[0]
 
     def forward_many(self, input_ids: list[torch.Tensor], hidden: list[torch.Tensor], positions: list[torch.Tensor],
-                     masks: list[torch.Tensor], caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                     masks: list[torch.Tensor | None],
+                     caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """`forward_masked` for several sequences at once: segment i has n_i new positions (input_ids [n_i],
-        hidden [n_i, d], positions [n_i], mask [n_i, len(cache_i) + n_i]). The linear layers (most of the work)
-        run once over all rows; attention runs per sequence over its own cache.
+        hidden [n_i, d], positions [n_i], mask [n_i, len(cache_i) + n_i] or None for causal rows). The linear
+        layers (most of the work) run once over all rows; attention runs per sequence over its own cache.
         -> per segment (out_hidden [n_i, d], draft logits [n_i, draft_vocab] float32)."""
         sizes = [len(ids) for ids in input_ids]
-        all_hidden = torch.cat(hidden)[None]  # [1, N, d]
-        emb = self.embed_tokens(torch.cat(input_ids).to(self.device)).to(all_hidden.dtype)[None]  # [1, N, d]
-        q, k, v = self.midlayer.qkv(emb, all_hidden, torch.cat(positions).to(self.device))  # [1, N, H|KVH, D]
+        all_hidden = torch.cat(hidden)  # [N, d]
+        emb = self.embed_tokens(torch.cat(input_ids).to(self.device)).to(all_hidden.dtype)  # [N, d]
+        all_positions = torch.cat(positions).to(self.device)  # [N]
+        fast = self.midlayer.self_attn.fused is not None and self.config.head_dim % 8 == 0
+        ops = cpu_kernels.layer_ops_for(all_hidden) if fast else None
+        if ops is not None:
+            attn = self._attention_op(ops, self.midlayer.qkv_rows(emb, all_hidden), all_positions, sizes, masks, caches)
+        else:
+            attn = self._attention_torch(emb, all_hidden, all_positions, sizes, masks, caches)
+        out = self.midlayer.finish(attn, all_hidden)  # [N, d]
+        return list(out.split(sizes)), list(self.logits(out).split(sizes))
+
+    def _attention_op(self, ops: Any, rows: torch.Tensor, positions: torch.Tensor, sizes: list[int],
+                      masks: list[torch.Tensor | None], caches: list[HeadKVCache]) -> torch.Tensor:
+        """The CPU layer op per sequence: RoPE, K/V into the cache's slots and attention, from the fused projection
+        rows [N, (H + 2 KVH) D] -> [N, H*D]."""
+        attn, c = [], self.config
+        rope = self.midlayer.self_attn.rotary_emb
+        for r, p, mask, cache in zip(rows.split(sizes), positions.split(sizes), masks, caches, strict=True):
+            start, n = cache.length, len(r)
+            cache.reserve(start + n)
+            slots = torch.arange(start, start + n)  # [n]
+            if mask is None:  # causal: the last n keys are the new rows
+                kv_slots, lens, queries = torch.arange(start + n)[None], torch.tensor([start + n]), n
+            else:  # each row its own one-query "sequence" over the keys its mask shows
+                kv_slots, lens, queries = visible_slots(mask.to(r.device)), mask.sum(1).to(r.device), 1
+            attn.append(ops.rope_attention(r, p, rope.cos, rope.sin, cache.kv, slots, kv_slots, lens, queries,
+                                           c.num_attention_heads, c.num_key_value_heads, c.head_dim ** -0.5))
+            cache.length = start + n
+        return torch.cat(attn)
+
+    def _attention_torch(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, sizes: list[int],
+                         masks: list[torch.Tensor | None], caches: list[HeadKVCache]) -> torch.Tensor:
+        """Torch ops (training, other devices, no CPU kernels): emb, hidden [N, d] -> [N, H*D]."""
+        q, k, v = self.midlayer.qkv(emb[None], hidden[None], positions)  # [1, N, H|KVH, D]
         attn = []
         for qi, ki, vi, mask, cache in zip(q[0].split(sizes), k[0].split(sizes), v[0].split(sizes), masks, caches,
                                            strict=True):
+            start = cache.length
             cache.append(ki, vi)
             keys, values = cache.bucket_kv()  # [S, KVH, D] each, S >= cache.length
+            if mask is None:
+                mask = torch.arange(cache.length)[None, :] <= torch.arange(start, cache.length)[:, None]
             padded = torch.zeros(len(qi), len(keys), dtype=torch.bool, device=self.device)  # [n_i, S]
             padded[:, : mask.shape[1]] = mask.to(self.device)
             attn.append(attend(qi[None], keys[None], values[None], padded[None, None])[0])  # [n_i, H*D]
-        out = self.midlayer.finish(torch.cat(attn)[None], all_hidden)[0]  # [N, d]
-        return list(out.split(sizes)), list(self.logits(out).split(sizes))
+        return torch.cat(attn)
 
     def decode_step(self, token_ids: list[int], hidden: list[torch.Tensor],
                     caches: list[HeadKVCache]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One causal drafting step for each sequence: token_ids[i] with hidden[i] [d], appended to caches[i]
         -> (out_hidden [d], draft logits [draft_vocab] float32) per sequence."""
-        outs, logits = self.forward_many(  # ids and positions move in one copy each; masks are made there
-            [torch.tensor([t]) for t in token_ids], [h[None] for h in hidden],
-            [torch.tensor([c.length]) for c in caches],
-            [torch.ones(1, c.length + 1, dtype=torch.bool, device=self.device) for c in caches], caches)
+        outs, logits = self.forward_many([torch.tensor([t]) for t in token_ids], [h[None] for h in hidden],
+                                         [torch.tensor([c.length]) for c in caches], [None] * len(caches), caches)
         return [o[0] for o in outs], [row[0] for row in logits]
 
     def forward_train(self, input_ids: torch.Tensor, hidden: torch.Tensor,

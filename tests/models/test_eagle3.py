@@ -221,3 +221,36 @@ def test_default_aux_layers_are_three_increasing_layers():
         assert 0 <= low < mid < high < num_layers
     with pytest.raises(CheckpointError):
         default_aux_layers(2)
+
+
+def test_packed_head_runs_masked_and_batched_forwards_like_the_unpacked_one():
+    """Packed for inference, the head runs the CPU layer ops (fused q/k/v and gate/up, RoPE + KV store + attention
+    in one call, each masked row as its own key list): the same rows, logits and cache as torch's ops."""
+    from ssd.layers.linear import pack_linear_weights
+
+    plain, fast = tiny_head(), tiny_head()
+    pack_linear_weights(fast)
+    assert fast.midlayer.self_attn.fused is not None and fast.midlayer.mlp.gate_up is not None
+    d, g = plain.config.hidden_size, torch.Generator().manual_seed(5)
+    prefixes, new = [6, 3], [3, 2]
+    results = []
+    for head in (plain, fast):
+        g.manual_seed(5)
+        caches = [head.new_cache(capacity=3) for _ in prefixes]  # forces growth
+        with torch.inference_mode():
+            for n, c in zip(prefixes, caches, strict=True):
+                head(torch.randint(0, 96, (n,), generator=g), torch.randn(n, d, generator=g), c)
+            masks = [torch.rand(m, n + m, generator=g) < 0.6 for n, m in zip(prefixes, new, strict=True)]
+            for mask in masks:
+                mask[:, 0] = True
+            many = head.forward_many([torch.randint(0, 96, (m,), generator=g) for m in new],
+                                     [torch.randn(m, d, generator=g) for m in new],
+                                     [torch.arange(n, n + m) for n, m in zip(prefixes, new, strict=True)], masks, caches)
+            for c, n in zip(caches, prefixes, strict=True):
+                c.truncate(n)
+            step = head.decode_step([7, 11], [torch.randn(d, generator=g) for _ in new], caches)
+        results.append((many, step, [c.kv[:, :, : c.length] for c in caches]))
+    for want, got in zip(*results, strict=True):
+        for a, b in zip(want, got, strict=True):
+            for x, y in zip(a, b, strict=True):
+                torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
