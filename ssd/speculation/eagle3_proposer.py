@@ -146,11 +146,11 @@ class Eagle3Proposer:
             states.append(state)
             if m <= state.num_real and state.rows:
                 continue
-            n, start = m - state.num_real, state.num_real
+            start = state.num_real
             ids.append(torch.tensor(r.token_ids[start + 1 : m + 1]))  # [n]
             hidden.append(state.fused[start:m])  # [n, d]
             positions.append(torch.arange(start, m))  # [n]
-            masks.append(torch.arange(start + n)[None, :] <= positions[-1][:, None])  # [n, start + n] causal
+            masks.append(None)  # causal
             todo.append((state, m, r))
         if todo:
             outs, logits = self.head.forward_many(ids, hidden, positions, masks, [s.cache for s, _, _ in todo])
