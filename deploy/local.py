@@ -32,6 +32,7 @@ from ssd.cli_flags import STEP_FIELDS, config_flag_args
 from ssd.config import EngineConfig
 from ssd.errors import SSDError
 from ssd.fetch import OFFLINE_ENV
+from ssd.layers import cpu_kernels
 from ssd.model_store import ensure_model
 
 log = structlog.get_logger(__name__)
@@ -308,6 +309,8 @@ def start_stack(config: StackConfig, timeout_s: float = 180.0) -> Stack:
     for port in (config.http_port, config.grpc_port):  # the gateway's public ports: fail now, in one line
         check_port_free(f"{config.host}:{port}")
     ensure_models(config)
+    if config.target.device == "cpu":  # build the CPU kernels here, once (minutes on a new machine), so that no
+        cpu_kernels.extension()  # service spends its start-up wait compiling them
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(config)

@@ -42,8 +42,11 @@ def _cpu_flags() -> str:
 
 
 def build_key() -> str:
-    """What a build depends on: the sources, the flags, torch and the CPU's vector extensions."""
+    """What a build depends on: the sources and where they are, the flags, torch and the CPU's vector extensions.
+    The place counts because ninja rebuilds when the source paths in its build file change: two checkouts of the
+    same code would otherwise take turns rebuilding one folder (minutes each, past a service's start-up wait)."""
     parts = [(_FOLDER / name).read_bytes() for name in (*_SOURCES, *_HEADERS)]
+    parts += [str(_FOLDER.resolve()).encode()]
     parts += [" ".join(_CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
