@@ -3,7 +3,8 @@
 `answer` handles one round for a batch: it reads each sequence's outcome (k accepted, bonus) as the verifier
 counted it from the caller's DraftRecord (ssd/speculation/draft_record.py), returns the cached speculation for that
 key (a hit) or a backup (a miss: an n-gram lookup by default, or the neural draft now under `backup` neural, or
-auto at small batches; only the sequences that missed), and notes in the record what it returned. The speculator keeps no per-sequence state of its own.
+auto at small batches; only the sequences that missed), and notes in the record what it returned. The speculator
+keeps no per-sequence state of its own.
 A request marked `sd_round` (mode auto chose plain SD for this round) gets the neural draft's speculation now,
 no lookup, and nothing built after it; so does every request of a round whose caches could not pay (below).
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
