@@ -1,8 +1,9 @@
 """The attention backends and the one place that picks one (`select_attention_backend`).
 
 torch: the plain-torch reference (gather each sequence's keys, batched matmuls or SDPA), on every device.
-cpu: the project's C++ layer op for decode and chain verify (up to MAX_MATMUL_QUERIES causal queries per sequence,
-all alike; keys read in place through their slots), torch for the rest (prefill, trees, uneven batches).
+cpu: the project's C++ layer op wherever a sequence brings up to MAX_MATMUL_QUERIES queries (keys read in place
+through their slots): decode and chain verify as they are, uneven batches and token trees with a key list per query
+row (query_rows.py); torch for prefill.
 triton: `ssd_kernels.paged_attention` (the project's Triton kernel; on CPU it runs under TRITON_INTERPRET=1, for
 tests). flash-attn: flash_attn's varlen kernel over gathered keys (CUDA; token trees fall back to torch).
 `auto` = flash-attn where installed on CUDA, else triton on CUDA where the kernels package exists, else cpu on a
@@ -24,6 +25,7 @@ from ssd.config import ATTENTION_BACKENDS
 from ssd.context import ForwardContext
 from ssd.errors import InvalidRequestError
 from ssd.layers.mask_bits import mask_bits
+from ssd.layers.query_rows import query_rows
 
 # Attention reads keys in multiples of this, the padding masked out. On CPU, oneDNN builds a new bf16
 # matmul primitive for every new key count (measured here: ~1.4 ms against ~0.08 ms for a reused one), and
@@ -121,15 +123,16 @@ class TorchBackend:
 
 @dataclass(frozen=True)
 class FewQueries:
-    """The cpu backend's view of a decode / chain-verify forward: each sequence's key slots and length."""
+    """The cpu backend's view of a forward of few queries per sequence: each sequence's key slots and length (for
+    uneven batches and trees a "sequence" is one query row and the keys it may see)."""
 
-    kv_slots: torch.Tensor  # [B, S] int64: KV slot of each key (S = max_seq_len)
+    kv_slots: torch.Tensor  # [B, S] int64: KV slot of each key (S = the longest seq_len)
     seq_lens: torch.Tensor  # [B] int64
     num_queries: int  # Q: the last Q keys of each sequence are its queries
 
 
 class CpuBackend:
-    """The project's CPU attention op where a forward is few alike causal queries per sequence, else torch."""
+    """The project's CPU attention op where a forward has few queries per sequence, else torch."""
 
     name = "cpu"
 
@@ -140,11 +143,13 @@ class CpuBackend:
         from ssd.layers import cpu_kernels
         from ssd.layers.attention import MAX_MATMUL_QUERIES
 
-        if (not ctx.is_uniform or ctx.tree_mask is not None or ctx.max_query_len > MAX_MATMUL_QUERIES
-                or not cpu_kernels.layer_ops_enabled()):
+        if ctx.max_query_len > MAX_MATMUL_QUERIES or not cpu_kernels.layer_ops_enabled():
             return self.fallback.prepare(ctx)
         kv_slots = key_slots(ctx, ctx.max_seq_len)  # [B, S]
-        return FewQueries(kv_slots, ctx.seq_lens.to(torch.int64).contiguous(), ctx.max_query_len)
+        if ctx.is_uniform and ctx.tree_mask is None:
+            return FewQueries(kv_slots, ctx.seq_lens.to(torch.int64).contiguous(), ctx.max_query_len)
+        rows = query_rows(ctx, kv_slots)  # ragged lengths or a tree: every query row a sequence of its own
+        return self.fallback.prepare(ctx) if rows is None else FewQueries(*rows, num_queries=1)
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
         from ssd.layers import cpu_kernels

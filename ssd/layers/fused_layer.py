@@ -1,12 +1,13 @@
-"""A whole pre-norm decoder layer as one call of the CPU layer ops, for decode and chain-verify forwards.
+"""A whole pre-norm decoder layer as one call of the CPU layer ops, for forwards of few queries per sequence.
 
 A Llama layer runs RMSNorm, the qkv projection, RoPE + the K/V store + attention, the output projection, RMSNorm,
 gate-up, SiLU-and-multiply and down. On a small model at batch 1 the Python between those calls (module dispatch,
 the checks of each layer op) cost about as much as the arithmetic. `FusedDecoderLayer` hands the layer's weights to
 the extension's DecoderLayer once (ssd_kernels/cpu/decoder_layer.cpp), which calls the same functions in the same
 order, so the result is the same bits as the layer's own forward with the layer ops on. It serves what the cpu
-attention backend's FewQueries serves; every other forward (prefill, trees, compiled graphs, training, ranks
-> 1, a linear that dequantizes per call) returns None and the layer runs op by op.
+attention backend's FewQueries serves (decode, verifies, token trees, uneven batches); every other forward
+(prefill, compiled graphs, training, ranks > 1, a linear that dequantizes per call) returns None and the layer runs
+op by op.
 """
 
 import operator
@@ -119,7 +120,7 @@ class FusedDecoderLayer:
 
 def fused_forward(x: torch.Tensor, positions: torch.Tensor) -> tuple[ModuleType, ForwardContext, FewQueries] | None:
     """(the extension, the forward context, its attention metadata) where fused layers serve a forward of x [T, d],
-    else None: no autograd, the layer ops on for x, and a few-query forward (decode, chain verify) of all T tokens."""
+    else None: no autograd, the layer ops on for x, and a few-query forward (decode, verify, tree) of all T tokens."""
     if torch.is_grad_enabled():  # training: the call has no backward
         return None
     ops = cpu_kernels.layer_ops_for(x)

@@ -1,5 +1,7 @@
 """Step inputs: the kernel-style forward context built with tensor ops, and the masks derived from it on the device."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from ssd.context import ForwardMode
 from ssd.errors import InvalidRequestError
 from ssd.layers.attention_backend import (
     CpuBackend,
+    FewQueries,
     TorchBackend,
     bucketed,
     padded_batch,
@@ -79,6 +82,39 @@ def test_tree_and_causal_items_in_one_batch():
     check(items)
     ctx, _, _ = StepInputs(BS, torch.device("cpu")).build(items, ForwardMode.TREE)
     assert ctx.mask_start.tolist() == [6, 2, 5]  # the branch's glue is partly visible from key 5 on
+
+
+def _attend_both_ways(items: list[ForwardItem], mode: ForwardMode) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cpu backend's attention and the torch path's for the same forward (float32, random q and cache)."""
+    ctx, _, _ = StepInputs(BS, torch.device("cpu")).build(items, mode)
+    gen = torch.Generator().manual_seed(0)
+    kv_cache = torch.randn(2, 2, 16 * BS, 16, generator=gen)  # [2, KVH, slots, D]: 16 blocks
+    q = torch.randn(ctx.num_tokens, 4, 16, generator=gen)  # [T, H, D], two query heads per KV head
+    cpu, reference = CpuBackend(), TorchBackend()
+    meta = cpu.prepare(ctx)
+    assert isinstance(meta, FewQueries) and meta.num_queries == 1  # a key list per query row, not the torch path
+    out = cpu.attend(q, kv_cache, dataclasses.replace(ctx, attn_metadata=meta), 0.25)
+    expected = reference.attend(q, kv_cache, dataclasses.replace(ctx, attn_metadata=reference.prepare(ctx)), 0.25)
+    return out, expected
+
+
+def test_the_cpu_op_attends_uneven_batches_and_trees_like_the_torch_path():
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
+    tree_mask = torch.cat([torch.ones(3, 6, dtype=torch.bool), tree], dim=1)  # [3, 9]
+    branch = branch_mask(prefix=5, glue=3, glue_visible=[0, 2, 3], depth=1)  # [3, 5 + 3 + 6]
+    trees = [
+        ForwardItem([1, 2, 3], 6, [2, 3, 4], num_logits=3, positions=[6, 7, 7], attn_mask=tree_mask),
+        ForwardItem([4, 5], 2, [9]),
+        ForwardItem([6, 7, 8], 11, [10, 11, 12, 13], num_logits=3, positions=[9, 9, 9], attn_mask=branch),
+    ]
+    uneven = [ForwardItem([1, 2, 3], 5, [7, 2]), ForwardItem([4], 0, [3]), ForwardItem([5, 6], 14, [0, 1, 4, 5])]
+    for items, mode in ((trees, ForwardMode.TREE), (uneven, ForwardMode.VERIFY)):
+        out, expected = _attend_both_ways(items, mode)
+        assert torch.allclose(out, expected, atol=1e-5)
+    # the masks matter: the same tokens attended causally give the tree rows other values
+    causal, _ = _attend_both_ways([dataclasses.replace(it, attn_mask=None) for it in trees], ForwardMode.VERIFY)
+    tree_out, _ = _attend_both_ways(trees, ForwardMode.TREE)
+    assert not torch.allclose(causal[2], tree_out[2], atol=1e-3) and torch.allclose(causal[:1], tree_out[:1])
 
 
 def test_buffers_are_reused():
