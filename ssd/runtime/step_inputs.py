@@ -36,14 +36,15 @@ def compact_tree_mask(items: list[ForwardItem], lengths: list[int]) -> tuple[tor
     for it, n in zip(items, lengths, strict=True):
         if it.attn_mask is None:
             starts.append(it.start_position)
-            windows.append(torch.ones(n, n, dtype=torch.bool).tril())
+            windows.append(np.tri(n, dtype=bool))
             continue
-        all_see = it.attn_mask.all(0).to(torch.int64)  # [total]: key visible to every query
-        start = min(int(all_see.cumprod(0).sum()), it.start_position)
+        dense = it.attn_mask.cpu().numpy()  # [n, total]
+        all_see = dense.all(0)  # [total]: key visible to every query
+        start = min(int(all_see.argmin()) if not all_see.all() else all_see.size, it.start_position)
         starts.append(start)
-        windows.append(it.attn_mask[:, start:].cpu())
+        windows.append(dense[:, start:])
     words = max(num_words(w.shape[1]) for w in windows)
-    tree_mask = torch.cat([pack_mask(w, words) for w in windows])  # [T, W]
+    tree_mask = torch.cat([pack_mask(torch.from_numpy(w), words) for w in windows])  # [T, W]
     return torch.tensor(starts, dtype=torch.int32), tree_mask
 
 

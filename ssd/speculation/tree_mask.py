@@ -7,18 +7,17 @@ before its fork point) and, at each depth up to the current one, only its own to
 Masks are built on CPU; the forward that consumes them moves them to the model's device.
 """
 
+import numpy as np
 import torch
 
 
 def branch_mask(prefix: int, glue: int, glue_visible: list[int], depth: int) -> torch.Tensor:
     """-> [M, prefix + glue + (depth + 1) * M] bool (True = may attend) for the M branch queries of `depth`."""
     m = len(glue_visible)
-    mask = torch.zeros(m, prefix + glue + (depth + 1) * m, dtype=torch.bool)
+    mask = np.zeros((m, prefix + glue + (depth + 1) * m), dtype=bool)
     mask[:, :prefix] = True
-    visible = torch.tensor(glue_visible)[:, None]  # [M, 1]
-    mask[:, prefix : prefix + glue] = torch.arange(glue)[None, :] < visible
-    eye = torch.eye(m, dtype=torch.bool)
+    mask[:, prefix : prefix + glue] = np.arange(glue)[None, :] < np.array(glue_visible, dtype=np.int64)[:, None]
+    own = np.arange(m)  # branch r sees its own token at every depth
     for d in range(depth + 1):
-        start = prefix + glue + d * m
-        mask[:, start : start + m] = eye
-    return mask
+        mask[own, prefix + glue + d * m + own] = True
+    return torch.from_numpy(mask)
