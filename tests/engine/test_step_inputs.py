@@ -70,15 +70,20 @@ def test_uniform_decode_has_no_padding_gather():
     assert ctx.is_uniform and padded_batch(ctx).query_index is None and ctx.tree_mask is None
 
 
-def test_tree_and_causal_items_in_one_batch():
-    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
+def tree_batch() -> list[ForwardItem]:
+    """A token tree (a root and two children), a causal item and an SSD branch step at depth 1, in one forward."""
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     tree_mask = torch.cat([torch.ones(3, 6, dtype=torch.bool), tree], dim=1)  # [3, 9]
     branch = branch_mask(prefix=5, glue=3, glue_visible=[0, 2, 3], depth=1)  # [3, 5 + 3 + 6]
-    items = [
+    return [
         ForwardItem([1, 2, 3], 6, [2, 3, 4], num_logits=3, positions=[6, 7, 7], attn_mask=tree_mask),
         ForwardItem([4, 5], 2, [9]),
         ForwardItem([6, 7, 8], 11, [10, 11, 12, 13], num_logits=3, positions=[9, 9, 9], attn_mask=branch),
     ]
+
+
+def test_tree_and_causal_items_in_one_batch():
+    items = tree_batch()
     check(items)
     ctx, _, _ = StepInputs(BS, torch.device("cpu")).build(items, ForwardMode.TREE)
     assert ctx.mask_start.tolist() == [6, 2, 5]  # the branch's glue is partly visible from key 5 on
@@ -99,14 +104,7 @@ def _attend_both_ways(items: list[ForwardItem], mode: ForwardMode) -> tuple[torc
 
 
 def test_the_cpu_op_attends_uneven_batches_and_trees_like_the_torch_path():
-    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
-    tree_mask = torch.cat([torch.ones(3, 6, dtype=torch.bool), tree], dim=1)  # [3, 9]
-    branch = branch_mask(prefix=5, glue=3, glue_visible=[0, 2, 3], depth=1)  # [3, 5 + 3 + 6]
-    trees = [
-        ForwardItem([1, 2, 3], 6, [2, 3, 4], num_logits=3, positions=[6, 7, 7], attn_mask=tree_mask),
-        ForwardItem([4, 5], 2, [9]),
-        ForwardItem([6, 7, 8], 11, [10, 11, 12, 13], num_logits=3, positions=[9, 9, 9], attn_mask=branch),
-    ]
+    trees = tree_batch()
     uneven = [ForwardItem([1, 2, 3], 5, [7, 2]), ForwardItem([4], 0, [3]), ForwardItem([5, 6], 14, [0, 1, 4, 5])]
     for items, mode in ((trees, ForwardMode.TREE), (uneven, ForwardMode.VERIFY)):
         out, expected = _attend_both_ways(items, mode)
