@@ -5,7 +5,9 @@ step or a chain verify of equal lengths. Sequences that bring different numbers 
 a verify, SSD's glue) and token trees (SD tree verifies, SSD's branch steps) do not have that shape, and took the
 torch path: a padded key gather, a dense mask and ~20 small ops per layer. Given each query row its own list of
 key slots (the keys it may see, in key order), every such forward has it, with Q = 1: the op reads a row's first
-seq_len keys. The lists are built once per forward on the host with numpy from the forward context's fields.
+seq_len keys. The lists are built once per forward on the host with numpy from the forward context's fields: the
+visibility rule of the torch path's mask (`padded_batch`), computed again here because compacting that mask with
+torch ops cost 2.3x as much per tree step (0.6 vs 0.26 ms at batch 1); a test holds the two paths equal.
 """
 
 import numpy as np
