@@ -12,7 +12,6 @@ component and a request must succeed again; the seconds that took are the recove
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,18 +21,14 @@ from pathlib import Path
 
 import openai
 
+from rpc.ports import free_port
+
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["Count from one to thirty in words, separated by commas.", "Write a haiku about the sea.",
            "List the planets of the solar system.", "What is 12 times 7? Explain step by step.",
            "Name five fruits and their colors.", "Describe a cat in three sentences.",
            "Write the alphabet backwards.", "Give three tips for learning to code."]
 SERVICE_MODULES = {"draft_service": "draft", "target_service": "target", "gateway": "gateway"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

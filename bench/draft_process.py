@@ -6,7 +6,6 @@ Its logs go to a file next to nothing else: `log_path`.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,20 +15,15 @@ from pathlib import Path
 import grpc
 
 from protos.ssd.v1 import draft_pb2, draft_pb2_grpc
+from rpc.ports import free_port
 from ssd.errors import InvalidRequestError
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DraftProcess:
     def __init__(self, draft: str, target_model: str, dtype: str, core: int | None,
                  startup_timeout_s: float = 120.0, extra_args: list[str] | None = None) -> None:
         """`extra_args`: more draft_service flags (e.g. its SSD defaults that a Round does not carry)."""
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         self.log_path = Path(tempfile.mkstemp(prefix="ssd-bench-draft-", suffix=".log")[1])
         cmd = [sys.executable, "-m", "draft_service", "--draft", draft, "--target-model", target_model,
                "--dtype", dtype, "--threads", "1", "--address", self.address, "--log-level", "warning",

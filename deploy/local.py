@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rpc.ports import free_port
 from rpc.server import check_port_free
 from rpc.tls import sync_channel
 from rpc.tls_files import TlsFiles
@@ -45,12 +45,6 @@ def default_tree_budget(draft: str | None) -> int:
     """Token trees of NEURAL_TREE_BUDGET nodes for a neural draft's sd requests; chains for n-gram lookup
     (its trees were never measured faster) and without a draft."""
     return 0 if draft in (None, "ngram") else NEURAL_TREE_BUDGET
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # the targets' engine settings a stack passes on (the service's own defaults for the rest, e.g. 1 thread)

@@ -18,7 +18,7 @@ from gateway.servicer import GenerationServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import gateway_pb2_grpc
 from rpc.logging import configure_service_logging
-from rpc.server import GrpcServer, HostedService
+from rpc.server import GrpcServer, HostedService, PortInUseError, listening_socket
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +32,7 @@ class _HttpServer(uvicorn.Server):
 
 
 async def serve(config: GatewayConfig) -> None:
+    http_socket = listening_socket(config.http_address)  # ours, before anything starts: a taken port is one clear error
     router = Router(config.targets, config.health_interval_s, tls=config.tls)
     await router.start()
     metrics = GatewayMetrics(router, config.model_name)
@@ -43,10 +44,9 @@ async def serve(config: GatewayConfig) -> None:
                           config.key_requests_per_minute, config.key_burst)
     metrics.watch(admission)
     app = build_app(generator, keys, config, metrics.render, admission)
-    host, port = config.http_address.rsplit(":", 1)
-    http = _HttpServer(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
+    http = _HttpServer(uvicorn.Config(app, log_config=None, access_log=False,
                                       timeout_graceful_shutdown=int(config.grace_s)))
-    http_task = asyncio.create_task(http.serve())
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     service = HostedService("ssd.v1.Generation", GenerationServicer(generator, keys, admission),
                        gateway_pb2_grpc.add_GenerationServicer_to_server)
     server = GrpcServer([service], config.grpc_address, {}, grace_s=config.grace_s,
@@ -69,7 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from e
     configure_service_logging("gateway", config.log_level, json=config.log_json)
     require_current_stubs()
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except PortInUseError as e:  # one clear line, exit status 2 (a supervisor sees it)
+        log.error("cannot start the gateway", http_address=config.http_address, grpc_address=config.grpc_address,
+                  error=str(e))
+        raise SystemExit(2) from e
 
 
 if __name__ == "__main__":

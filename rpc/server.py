@@ -31,19 +31,26 @@ class PortInUseError(RuntimeError):
     """The server's address cannot be bound (another process holds the port, or the host is not local)."""
 
 
-def check_port_free(address: str) -> None:
-    """Raise PortInUseError now when host:port is held by a listener: a service calls it before its slow
-    start-up (loading a model), so a busy port fails in a second. SO_REUSEADDR, as grpc binds: connections
-    of a previous instance in TIME_WAIT do not count."""
+def listening_socket(address: str) -> socket.socket:
+    """A TCP socket bound to host:port (SO_REUSEADDR, as grpc binds: connections of a previous instance in
+    TIME_WAIT do not count), for a server to listen on; PortInUseError when a listener holds the port."""
     host, port = address.rsplit(":", 1)
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host if host not in ("", "*") else "", int(port)))
-        except OSError as e:
-            raise PortInUseError(f"cannot listen on {address}: {e.strerror}") from e
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host if host not in ("", "*") else "", int(port)))
+    except OSError as e:
+        s.close()
+        raise PortInUseError(f"cannot listen on {address}: {e.strerror}") from e
+    return s
+
+
+def check_port_free(address: str) -> None:
+    """Raise PortInUseError now when host:port is held by a listener: a service calls it before its slow
+    start-up (loading a model), so a busy port fails in a second."""
+    listening_socket(address).close()
 
 
 @dataclass(frozen=True)
