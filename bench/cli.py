@@ -39,7 +39,8 @@ def _modes(text: str) -> list[str]:
 
 
 SWEEPABLE = {"k": int, "batch": int, "draft_temperature": float, "fan_out_budget": int,  # --sweep NAME=v1,v2,...
-             "saguaro_c": float, "backup_hits": lambda v: v.lower() in ("1", "true"), "backup": str}
+             "saguaro_c": float, "backup_hits": lambda v: v.lower() in ("1", "true"), "backup": str,
+             "fit_fan_out": lambda v: v.lower() in ("1", "true")}
 
 
 def _sweep(text: str) -> tuple[str, list]:
@@ -73,7 +74,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-core", type=int, default=None,
                    help="pin this process (the target in every mode) to one CPU core, e.g. 0 with --threads 1")
     p.add_argument("--draft-core", type=int, default=None, help="ssd: pin the draft process to this CPU core")
-    add_speculation_flags(p, ("fan_out_budget", "fan_out", "backup", "saguaro_c", "backup_hits"))  # BenchSettings has these
+    add_speculation_flags(p, ("fan_out_budget", "fan_out", "backup", "saguaro_c", "backup_hits",  # BenchSettings has these
+                              "fit_fan_out"))
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--all", action="store_true", help="every packaged data set (= --dataset all)")
     p.add_argument("--sweep", type=_sweep, default=None,
@@ -103,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
             draft=args.draft, k=args.k, draft_temperature=args.dtemp,
             tree=tree_from_args(args), fan_out_budget=args.fan_out_budget, fan_out=args.fan_out,
             backup=args.backup, saguaro_c=args.saguaro_c, backup_hits=args.backup_hits, draft_core=args.draft_core,
+            fit_fan_out=args.fit_fan_out,
             tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
             **options_from_args(args, STEP_FIELDS),
         )

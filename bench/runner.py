@@ -48,6 +48,7 @@ class BenchSettings:
     backup: Backup = Backup.FAST  # ssd: backup on a miss (SsdConfig's default)
     saguaro_c: float = 1.0  # ssd: Saguaro sampling constant
     backup_hits: bool = False  # ssd: a round with a neural backup re-drafts its hits too (the draft's flag)
+    fit_fan_out: bool = True  # ssd: fit each build's budget to the verify (the draft's; False: --fixed-fan-out)
     draft_core: int | None = None  # ssd: CPU core of the draft process (None = not pinned)
     tensor_parallel_size: int = 1  # CPU ranks the target is sharded over (this process is rank 0)
     quantization: str = "none"  # the target's linear weights (EngineConfig.quantization)
@@ -90,7 +91,8 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
     if not s.draft or s.draft == "ngram":
         raise InvalidRequestError("--mode ssd needs a neural --draft (a draft model or an EAGLE-3 head)")
     draft = DraftProcess(s.draft, s.model, s.dtype, s.draft_core,
-                         extra_args=["--backup-hits"] if s.backup_hits else [])
+                         extra_args=(["--backup-hits"] if s.backup_hits else [])
+                         + ([] if s.fit_fan_out else ["--fixed-fan-out"]))
     closers.append(draft.close)
     ssd = SsdConfig(fan_out_budget=s.fan_out_budget, fan_out=s.fan_out, backup=s.backup, saguaro_c=s.saguaro_c)
     proposer = RemoteProposer(draft.address, "bench", ar.engine.info.vocab_size, timeout_s=30.0,
@@ -235,7 +237,7 @@ def spec_summary(delta: Counters | None) -> dict:
     if stats.num_cache_lookups:
         out.update(cache_hit_rate=stats.cache_hit_rate, tokens_per_round_hit=stats.tokens_per_round_hit,
                    tokens_per_round_miss=stats.tokens_per_round_miss, predicted_hit_rate=stats.predicted_hit_rate)
-    for key in ("lookup_ms", "backup_ms", "last_build_ms", "build_wait_ms"):  # the draft's, per answer
+    for key in ("lookup_ms", "backup_ms", "last_build_ms", "build_wait_ms", "build_fan_out_budget"):  # per answer
         if key in draft and draft.get("num_answers"):
             out[f"draft_{key.replace('last_', '')}_per_round"] = draft[key] / draft["num_answers"]
     return out

@@ -63,7 +63,7 @@ class InlineWorker:
 def serial_ssd_llm(model: str, draft: str, k: int, dtype: str) -> LLM:
     """An SSD engine whose speculator answers and builds one after the other, on the caller's thread."""
     speculation = SpeculationConfig(ProposerChoice(draft), num_speculative_tokens=k, k_schedule=((64, k),),
-                                    ssd=SsdConfig(backup=Backup.NEURAL))
+                                    ssd=SsdConfig(backup=Backup.NEURAL, fit_fan_out=False))
     llm = LLM(model, dtype=dtype, speculation=speculation)
     overlapped = llm.engine.speculative_decoder.proposer
     overlapped.worker.close()

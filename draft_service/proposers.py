@@ -62,8 +62,8 @@ def build_service_proposer(config: DraftServiceConfig) -> ServiceDraft:
         draft = ServiceDraft(proposer, model.vocab_size, device=device, grammars=grammar_compiler(path),
                              max_model_len=model.max_position_embeddings)
     ssd = ssd_speculator(draft.proposer, config.ssd, config.ngram_max)
-    log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fan_out=config.ssd.fan_out,
-             backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
+    log.info("SSD ready", fan_out_budget=config.ssd.fan_out_budget, fit_fan_out=config.ssd.fit_fan_out,
+             fan_out=config.ssd.fan_out, backup=config.ssd.backup, saguaro_c=config.ssd.saguaro_c)
     return replace(draft, ssd=ssd)
 
 

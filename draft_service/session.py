@@ -230,7 +230,7 @@ class Session:
             return None
         sd_round = set(round_.sd_round_seq_ids)  # drafted now, no cache built (the target's mode auto chose SD)
         requests = [self._request(seq, k, None, seq_id in sd_round) for seq_id, seq in asking]  # SSD: chains
-        answers, job = self.ssd.answer(requests, [seq for _, seq in asking], config)
+        answers, job = self.ssd.answer(requests, [seq for _, seq in asking], config, waited_s=wait_s)
         speculations.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
         out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
         return job

@@ -92,10 +92,13 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {  # EngineConfig's fields
     "round_hit_floor": ConfigFlag(("--round-hit-floor",), "neural backup: a round of several sequences builds "
                                   "caches only if all of them hit at least this likely, else drafts them now as SD "
                                   "(0 = always build)", float, env="ROUND_HIT_FLOOR"),
+    "fit_fan_out": ConfigFlag(("--fixed-fan-out",), "prepare the whole --fan-out-budget every round, even where the "
+                              "build then outlasts the verify (default: fit each round's budget, up to it, so that "
+                              "the build ends before the next answer is asked for)", action="store_false"),
 }
 STEP_FIELDS = ("compile", "enforce_eager", "attention_backend")  # how the model forward runs
 SSD_FIELDS = ("fan_out_budget", "fan_out", "backup", "backup_max_neural_batch", "saguaro_c", "backup_hits",
-              "round_hit_floor")
+              "round_hit_floor", "fit_fan_out")
 _DEFAULTS = {f.name: f.default for config in (EngineConfig, SsdConfig) for f in dataclasses.fields(config)}
 
 

@@ -89,6 +89,9 @@ class SsdConfig:
     # with a neural backup, a round of several sequences builds caches only when all of them hit at least this
     # likely (the measured hit rate to the batch size); else it drafts them all now, as SD (0 = always build)
     round_hit_floor: float = 0.0
+    # fit the budget of each round's build to the time the draft has (ssd/speculation/fan_out_fit.py): the build
+    # should end before the next answer is asked for; fan_out_budget is then the most a round prepares
+    fit_fan_out: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.fan_out_budget <= 256:

@@ -28,6 +28,7 @@ class DraftTimings:
     backup_ms: float = 0.0  # backup drafting for the misses
     last_build_ms: float = 0.0  # the cache builds before those answers (they overlapped the target's verify)
     build_wait_ms: float = 0.0  # answers waiting on the draft's worker, behind the previous build
+    build_fan_out_budget: float = 0.0  # guesses per sequence those builds prepared (fitted, or the session's budget)
 
     def add(self, t: draft_pb2.SsdTimings) -> None:
         self.num_answers += 1
@@ -35,3 +36,4 @@ class DraftTimings:
         self.backup_ms += t.backup_ms
         self.last_build_ms += t.last_build_ms
         self.build_wait_ms += t.build_wait_ms
+        self.build_fan_out_budget += t.build_fan_out_budget

@@ -95,9 +95,14 @@ class OverlappedSpeculator:
         own = [replace(r, token_ids=rec.token_ids, generator=rec.generator,
                        grammar=rec.answer_grammar() if r.grammar is not None else None)
                for r, rec in zip(requests, records, strict=True)]
-        specs, job = self.worker.call(self.speculator.answer, own, records)
+        specs, job = self.worker.call(self._answer, own, records, time.perf_counter())
         self.worker.submit_build(self.speculator.build, job)
         return specs
+
+    def _answer(self, requests: list[ProposeRequest], records: list[DraftRecord],
+                asked_at: float) -> tuple[list[Speculation], BuildJob]:
+        """The speculator's answer (on the worker), told how long it queued there behind the previous build."""
+        return self.speculator.answer(requests, records, waited_s=time.perf_counter() - asked_at)
 
     def _record(self, r: ProposeRequest) -> DraftRecord:
         """The sequence's record (made at its first propose), its tokens now a snapshot of the request's (a new

@@ -10,12 +10,15 @@ no lookup, and nothing built after it; so does every request of a round whose ca
 `build` then runs, while the target verifies: one glue forward over each returned speculation, forks the
 top-F_j bonus guesses at every acceptance length j (never s_{j+1}, which would have been accepted), tree-
 decodes all branches K deep (one batched forward per depth), and stores (seq, j, guess) -> K tokens (+ q).
+How many guesses a build prepares per sequence (the fan-out budget) is fitted, per batch size, to the time between
+its start and the next answer request (ssd/speculation/fan_out_fit.py), up to the configured budget.
 
 The overlap, where the speed comes from, is `speculator_worker.py`: the build runs on the speculator's own thread while the target verifies, in the
 draft service and in one process alike.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,7 +28,8 @@ from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.speculation.draft_record import CachedSpeculation, DraftRecord
 from ssd.speculation.draft_vocab import DraftVocab, target_vocab
-from ssd.speculation.fanout import FanOutEstimator, fan_out_shape, spend_spare
+from ssd.speculation.fan_out_fit import FanOutFit
+from ssd.speculation.fanout import FanOutEstimator, expected_hit_rate, fan_out_shape, spend_spare
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import Proposer, ProposeRequest
 from ssd.speculation.saguaro import SaguaroScale, saguaro_scale
@@ -68,6 +72,8 @@ class SsdCounters:
     last_lookup_s: float = 0.0
     last_backup_s: float = 0.0
     last_build_s: float = 0.0
+    last_fan_out_budget: int = 0  # guesses per sequence the last build prepared (fitted, or the configured budget)
+    fan_out_budget_sum: int = 0  # over the builds
 
 
 @dataclass
@@ -83,7 +89,17 @@ class BuildJob:
     """What one `answer` returned, to build the caches for (run it before the next `answer` of these sequences)."""
 
     pending: list[_Pending]
-    config: SsdConfig
+    config: SsdConfig  # its fan_out_budget: the fitted one
+
+
+@dataclass(frozen=True)
+class _BuildTime:
+    """When the last build ran (perf_counter seconds), over how many sequences, at which budget."""
+
+    started: float
+    ended: float
+    num_sequences: int
+    budget: int
 
 
 class SsdSpeculator:
@@ -101,6 +117,10 @@ class SsdSpeculator:
         self.counters = SsdCounters()
         self.hit_rate = 1.0  # moving average over the answers that had a cache to look in (1: none measured yet)
         self._rounds_since_build = 0
+        self.fan_out_fit = FanOutFit()
+        self.tokens_after_hit: float | None = None  # moving means of a round's tokens after a hit / after a miss
+        self.tokens_after_miss: float | None = None
+        self._last_build: _BuildTime | None = None
 
     def release(self, record: DraftRecord) -> None:
         """Free the sequence's model state; a build still queued for it skips it."""
@@ -113,16 +133,22 @@ class SsdSpeculator:
         j, bonus = outcome
         estimator = self.after_hit if state.last_hit else self.after_miss
         estimator.record_round(len(state.last_speculation), j)
+        tokens = j + 1.0  # accepted + the bonus (a backup of no tokens brings 1)
+        if state.last_hit:
+            self.tokens_after_hit = _moving(self.tokens_after_hit, tokens)
+        else:
+            self.tokens_after_miss = _moving(self.tokens_after_miss, tokens)
         if j < len(state.guesses):
             guesses = state.guesses[j]
             estimator.record_rank(guesses.index(bonus) if bonus in guesses else None)
 
     def answer(self, requests: list[ProposeRequest], records: list[DraftRecord],
-               config: SsdConfig | None = None) -> tuple[list[Speculation], BuildJob]:
+               config: SsdConfig | None = None, waited_s: float = 0.0) -> tuple[list[Speculation], BuildJob]:
         """One speculation per request (a cache hit, or a backup for the misses) and the build to run next;
-        records[i] is requests[i]'s sequence."""
+        records[i] is requests[i]'s sequence. waited_s: how long the request queued behind the previous build."""
         config = config or self.config
         started = time.perf_counter()
+        self._fit_fan_out(started - waited_s, config)
         out: dict[int, Speculation] = {}
         misses: list[tuple[ProposeRequest, DraftRecord]] = []
         sd_now: list[tuple[ProposeRequest, DraftRecord]] = []  # speculated as plain SD this round
@@ -159,15 +185,43 @@ class SsdSpeculator:
         self.counters.last_lookup_s, self.counters.last_backup_s = lookup, time.perf_counter() - started - lookup
         self.counters.lookup_s += lookup
         self.counters.backup_s += self.counters.last_backup_s
-        job = BuildJob([], config)
-        specs = []
+        pending, specs = [], []
         for r, state in zip(requests, records, strict=True):
             spec = out[r.seq_id]
             state.answered(spec.tokens, bool(spec.cache_hit))
             if not (r.sd_round or everyone_now):
-                job.pending.append(_Pending(r, state, spec, r.seq_id in consumed))
+                pending.append(_Pending(r, state, spec, r.seq_id in consumed))
             specs.append(spec)
-        return specs, job
+        if config.fit_fan_out:
+            k = max((p.request.num_tokens for p in pending), default=0)
+            budget = self.fan_out_fit.budget(len(pending), config.fan_out_budget, self._round_tokens(k, config))
+            config = replace(config, fan_out_budget=budget)
+        return specs, BuildJob(pending, config)
+
+    def _round_tokens(self, k: int, config: SsdConfig) -> Callable[[int], float]:
+        """tokens(B): the tokens a round of k-token speculations is expected to bring when its build prepared B
+        guesses per sequence: a miss's, plus the predicted hit rate times what a hit brings over it (the measured
+        means of rounds after a hit and after a miss; until both are measured, a hit counts one token more). A hit
+        never counts less than a miss: where the backup does better (n-gram copies in code), that says where
+        misses happen, not that fewer guesses would bring more."""
+        on_hit, on_miss = self.tokens_after_hit, self.tokens_after_miss
+        if on_hit is None or on_miss is None:
+            on_hit, on_miss = 2.0, 1.0
+        gain = max(0.0, on_hit - on_miss)
+
+        def tokens(budget: int) -> float:
+            hit = sum(weight * expected_hit_rate(fan_out_shape(config.fan_out, est.a, est.r, k, budget), est.a, est.r)
+                      for weight, est in ((self.hit_rate, self.after_hit), (1 - self.hit_rate, self.after_miss)))
+            return on_miss + hit * gain
+
+        return tokens
+
+    def _fit_fan_out(self, asked_at: float, config: SsdConfig) -> None:
+        """Tell the fit how the last build compared with the time until this answer was asked for."""
+        last, self._last_build = self._last_build, None
+        if last is not None and config.fit_fan_out:
+            self.fan_out_fit.observe(last.num_sequences, last.budget, last.ended - last.started,
+                                     asked_at - last.started)
 
     def _measure_hits(self, records: list[DraftRecord]) -> None:
         """Fold the answers that can hit (a cache was built for the outcome they bring) into the hit rate."""
@@ -246,9 +300,13 @@ class SsdSpeculator:
                 owners.append(p)
         if branches:
             self._decode(branches, owners, config)
+        ended = time.perf_counter()
+        self._last_build = _BuildTime(started, ended, len(pending), config.fan_out_budget)
         self.counters.num_builds += 1
-        self.counters.last_build_s = time.perf_counter() - started
+        self.counters.last_build_s = ended - started
         self.counters.build_s += self.counters.last_build_s
+        self.counters.last_fan_out_budget = config.fan_out_budget
+        self.counters.fan_out_budget_sum += config.fan_out_budget
 
     def _fork(self, p: _Pending, logits: torch.Tensor, config: SsdConfig) -> BranchRequest:
         """Bonus guesses per acceptance length j from the glue's logits [m+1, Vd]; records the ranked guesses."""
@@ -333,6 +391,11 @@ class SsdSpeculator:
             for r, (j, guess) in enumerate(zip(b.fork_points, b.tokens, strict=True)):
                 p.record.cache[(j, guess)] = CachedSpeculation(tokens[r].tolist(), q[r] if q is not None else None,
                                                                vocabs[i])
+
+
+def _moving(mean: float | None, value: float) -> float:
+    """The moving mean (weight HIT_RATE_WEIGHT per value) after `value`; the first value starts it."""
+    return value if mean is None else mean + HIT_RATE_WEIGHT * (value - mean)
 
 
 def _split(items: list[int], sizes: list[int]) -> list[list[int]]:

@@ -77,6 +77,7 @@ def test_first_round_misses_then_the_cache_hits(draft, greedy):
     assert 0 < item.predicted_hit <= 1
     timings = second.speculations.timings
     assert timings.last_build_ms > 0 and timings.build_wait_ms == pytest.approx(2.0)
+    assert timings.build_fan_out_budget == draft.ssd.config.fan_out_budget  # the first build: nothing fitted yet
     record = session.seqs[1]
     session.release([1])
     assert record.is_released and not session.seqs  # a build still queued for it skips it

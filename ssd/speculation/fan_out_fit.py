@@ -1,0 +1,71 @@
+"""Fits SSD's fan-out budget to the time the draft has: guesses are worth their build time only while it hides.
+
+SSD hides the draft's work behind the target's verify only while the cache build takes no longer than the window
+from its start to the next answer request (the verify plus the answer's round trip). A build that runs over makes
+that answer wait, and the whole overrun is added to the round. The build's cost grows with its rows (sequences x
+guesses per depth; a few sequences already make a draft's forwards compute-bound on a CPU core), while the hit
+rate grows slowly with the guesses, and a hit is worth only what its speculation brings over a backup's.
+
+So, per batch size, the fit keeps the measured build time of each budget it ran and the window (moving averages),
+and chooses the budget, up to the configured one, with the most expected tokens per second of round:
+tokens(B) / max(window, build(B)), tokens(B) coming from the speculator (its measured hit rate for B guesses and
+the tokens of a hit and of a miss). A budget not run yet is estimated from its measured neighbours (linearly
+between two, in proportion to one), so the fit tries it and then knows.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+WEIGHT = 0.3  # of each new measurement in the moving averages
+MIN_BUDGET = 2  # guesses per sequence and round at least
+
+
+@dataclass
+class _Measured:
+    """One batch size's moving averages: build seconds per budget run, and the window."""
+
+    builds: dict[int, float] = field(default_factory=dict)
+    window_s: float = 0.0
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + WEIGHT * (new - old)
+
+
+@dataclass
+class FanOutFit:
+    """Per batch size, the fan-out budget the next build uses, from the builds measured so far."""
+
+    measured: dict[int, _Measured] = field(default_factory=dict)
+
+    def observe(self, batch_size: int, budget: int, build_s: float, window_s: float) -> None:
+        """A build of `batch_size` sequences at `budget` took build_s; the next answer was asked for window_s after
+        it started."""
+        if budget <= 0 or build_s <= 0 or window_s <= 0:
+            return
+        m = self.measured.setdefault(batch_size, _Measured())
+        m.builds[budget] = _average(m.builds.get(budget), build_s)
+        m.window_s = _average(m.window_s or None, window_s)
+
+    def budget(self, batch_size: int, most: int, tokens: Callable[[int], float]) -> int:
+        """The budget per sequence for a build of `batch_size` sequences; `most`: the configured budget;
+        tokens(B): the tokens a round is expected to bring when the build prepared B guesses per sequence."""
+        m = self.measured.get(batch_size)
+        if m is None or most <= MIN_BUDGET:
+            return most
+        rate = {b: tokens(b) / max(m.window_s, _estimate(m.builds, b)) for b in range(MIN_BUDGET, most + 1)}
+        return max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
+
+
+def _estimate(builds: dict[int, float], budget: int) -> float:
+    """The build time of `budget`: measured, else linear between the nearest measured budgets around it, else in
+    proportion to the nearest one."""
+    if budget in builds:
+        return builds[budget]
+    below = max((b for b in builds if b < budget), default=None)
+    above = min((b for b in builds if b > budget), default=None)
+    if below is not None and above is not None:
+        share = (budget - below) / (above - below)
+        return builds[below] + share * (builds[above] - builds[below])
+    nearest = below if below is not None else above
+    return builds[nearest] * budget / nearest  # type: ignore[index]
