@@ -6,26 +6,30 @@ that answer wait, and the whole overrun is added to the round. The build's cost 
 guesses per depth; a few sequences already make a draft's forwards compute-bound on a CPU core), while the hit
 rate grows slowly with the guesses, and a hit is worth only what its speculation brings over a backup's.
 
-So, per batch size, the fit keeps the measured build time of each budget it ran and the window (moving averages),
-and chooses the budget, up to the configured one, with the most expected tokens per second of round:
+So, per batch size, the fit keeps the measured build time of each budget it ran (a moving average) and the median
+of the last WINDOWS windows (a pause, such as plain decode steps chosen by mode auto or a gap between requests,
+makes one window long; the median ignores it), and chooses the budget, up to the configured one, with the most expected tokens per second of round:
 tokens(B) / max(window, build(B)), tokens(B) coming from the speculator (its measured hit rate for B guesses and
 the tokens of a hit and of a miss). A budget not run yet is estimated from its measured neighbours (linearly
 between two, in proportion to one), so the fit tries it and then knows.
 """
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WEIGHT = 0.3  # of each new measurement in the moving averages
+WEIGHT = 0.3  # of each new build time in the moving averages
+WINDOWS = 9  # windows the median is taken over
 MIN_BUDGET = 2  # guesses per sequence and round at least
 
 
 @dataclass
 class _Measured:
-    """One batch size's moving averages: build seconds per budget run, and the window."""
+    """One batch size's measurements: build seconds per budget run (moving averages), and the last windows."""
 
     builds: dict[int, float] = field(default_factory=dict)
-    window_s: float = 0.0
+    windows: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOWS))
 
 
 def _average(old: float | None, new: float) -> float:
@@ -45,7 +49,7 @@ class FanOutFit:
             return
         m = self.measured.setdefault(batch_size, _Measured())
         m.builds[budget] = _average(m.builds.get(budget), build_s)
-        m.window_s = _average(m.window_s or None, window_s)
+        m.windows.append(window_s)
 
     def budget(self, batch_size: int, most: int, tokens: Callable[[int], float]) -> int:
         """The budget per sequence for a build of `batch_size` sequences; `most`: the configured budget;
@@ -53,7 +57,8 @@ class FanOutFit:
         m = self.measured.get(batch_size)
         if m is None or most <= MIN_BUDGET:
             return most
-        rate = {b: tokens(b) / max(m.window_s, _estimate(m.builds, b)) for b in range(MIN_BUDGET, most + 1)}
+        window_s = statistics.median(m.windows)
+        rate = {b: tokens(b) / max(window_s, _estimate(m.builds, b)) for b in range(MIN_BUDGET, most + 1)}
         return max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
 
 

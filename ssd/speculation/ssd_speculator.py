@@ -89,7 +89,7 @@ class BuildJob:
     """What one `answer` returned, to build the caches for (run it before the next `answer` of these sequences)."""
 
     pending: list[_Pending]
-    config: SsdConfig  # its fan_out_budget: the fitted one
+    config: SsdConfig
 
 
 @dataclass(frozen=True)
@@ -185,18 +185,15 @@ class SsdSpeculator:
         self.counters.last_lookup_s, self.counters.last_backup_s = lookup, time.perf_counter() - started - lookup
         self.counters.lookup_s += lookup
         self.counters.backup_s += self.counters.last_backup_s
-        pending, specs = [], []
+        job = BuildJob([], config)
+        specs = []
         for r, state in zip(requests, records, strict=True):
             spec = out[r.seq_id]
             state.answered(spec.tokens, bool(spec.cache_hit))
             if not (r.sd_round or everyone_now):
-                pending.append(_Pending(r, state, spec, r.seq_id in consumed))
+                job.pending.append(_Pending(r, state, spec, r.seq_id in consumed))
             specs.append(spec)
-        if config.fit_fan_out:
-            k = max((p.request.num_tokens for p in pending), default=0)
-            budget = self.fan_out_fit.budget(len(pending), config.fan_out_budget, self._round_tokens(k, config))
-            config = replace(config, fan_out_budget=budget)
-        return specs, BuildJob(pending, config)
+        return specs, job
 
     def _round_tokens(self, k: int, config: SsdConfig) -> Callable[[int], float]:
         """tokens(B): the tokens a round of k-token speculations is expected to bring when its build prepared B
@@ -208,10 +205,12 @@ class SsdSpeculator:
         if on_hit is None or on_miss is None:
             on_hit, on_miss = 2.0, 1.0
         gain = max(0.0, on_hit - on_miss)
+        laws = [(self.hit_rate, self.after_hit.a, self.after_hit.r), (1 - self.hit_rate, self.after_miss.a,
+                                                                       self.after_miss.r)]
 
         def tokens(budget: int) -> float:
-            hit = sum(weight * expected_hit_rate(fan_out_shape(config.fan_out, est.a, est.r, k, budget), est.a, est.r)
-                      for weight, est in ((self.hit_rate, self.after_hit), (1 - self.hit_rate, self.after_miss)))
+            hit = sum(weight * expected_hit_rate(fan_out_shape(config.fan_out, a, r, k, budget), a, r)
+                      for weight, a, r in laws)
             return on_miss + hit * gain
 
         return tokens
@@ -278,12 +277,17 @@ class SsdSpeculator:
 
     @torch.inference_mode()
     def build(self, job: BuildJob) -> None:
-        """Fill the speculation cache for every speculation an `answer` returned."""
-        config = job.config
+        """Fill the speculation cache for every speculation an `answer` returned; the fan-out budget: job.config's,
+        or fitted to the time the build has (off the answer's path: the target verifies meanwhile)."""
         pending = [p for p in job.pending if not p.record.is_released and p.request.num_tokens > 0]
         if not pending:
             return
         started = time.perf_counter()
+        config = job.config
+        if config.fit_fan_out:
+            k = max(p.request.num_tokens for p in pending)
+            budget = self.fan_out_fit.budget(len(pending), config.fan_out_budget, self._round_tokens(k, config))
+            config = replace(config, fan_out_budget=budget)
         glue = self.drafter.glue([
             GlueRequest(p.request.seq_id, p.request.token_ids, p.spec.tokens,
                         reserve=p.request.num_tokens * max(1, config.fan_out_budget),

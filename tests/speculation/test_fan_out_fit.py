@@ -107,3 +107,12 @@ def test_fixed_fan_out_prepares_the_configured_budget_every_round(models):  # no
     assert [o.token_ids for o in outs] == models[1]
     assert speculator.counters.fan_out_budget_sum == 6 * speculator.counters.num_builds > 0
     assert speculator.fan_out_fit.seen == []
+
+
+def test_one_long_window_does_not_undo_the_fit():
+    """A pause (mode auto's plain steps, a gap between requests) makes one window long: the budget stays fitted."""
+    fit = FanOutFit()
+    build = lambda b: 10 + 5 * b  # noqa: E731
+    settled = _settle(fit, build, window_ms=40)[-1]
+    fit.observe(4, settled, build(settled) / 1e3, 5.0)  # 5 s: the draft sat idle
+    assert fit.budget(4, MOST, TOKENS) == settled
