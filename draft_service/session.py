@@ -88,6 +88,7 @@ class Session:
         self.device = device or torch.device("cpu")  # where the draft's model lives
         self.tensors = torch_tensors.session_tensors(self.device)  # inline until Hello / Ready agree on more
         self.last_build_s = 0.0  # this session's previous SSD cache build
+        self.last_build_budget = 0  # the fan-out budget it prepared (another session's build may have run since)
         self._said_no_ssd = False  # an ssd Prefill on a draft without SSD is logged once per session
         self._said_grammar = False  # the first sequence drafted under its grammar is logged once per session
 
@@ -232,7 +233,7 @@ class Session:
         requests = [self._request(seq, k, None, seq_id in sd_round) for seq_id, seq in asking]  # SSD: chains
         answers, job = self.ssd.answer(requests, [seq for _, seq in asking], config, waited_s=wait_s)
         speculations.update(zip((seq_id for seq_id, _ in asking), answers, strict=True))
-        out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, wait_s))
+        out.timings.CopyFrom(timings(self.ssd.counters, self.last_build_s, self.last_build_budget, wait_s))
         return job
 
     def build(self, job: BuildJob) -> None:
@@ -247,6 +248,7 @@ class Session:
                           target=self.target_id, num_sequences=len(job.pending))
         finally:
             self.last_build_s = time.perf_counter() - started
+            self.last_build_budget = self.ssd.counters.last_fan_out_budget
 
     def _request(self, seq: DraftRecord, k: int, tree: TreeShape | None, sd_round: bool = False) -> ProposeRequest:
         features_start, features = seq.features.take()  # [n, F] or None

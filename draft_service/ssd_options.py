@@ -45,8 +45,9 @@ def options_config(default: SsdConfig, options: draft_pb2.SsdOptions) -> SsdConf
                    saguaro_c=options.saguaro_c or default.saguaro_c)
 
 
-def timings(counters: SsdCounters, last_build_s: float, wait_s: float) -> draft_pb2.SsdTimings:
+def timings(counters: SsdCounters, last_build_s: float, last_build_budget: int,
+            wait_s: float) -> draft_pb2.SsdTimings:
     """This answer's lookup and backup times, the session's previous build, and the wait for the worker."""
     return draft_pb2.SsdTimings(lookup_ms=1e3 * counters.last_lookup_s, backup_ms=1e3 * counters.last_backup_s,
                                 last_build_ms=1e3 * last_build_s, build_wait_ms=1e3 * wait_s,
-                                build_fan_out_budget=counters.last_fan_out_budget)
+                                build_fan_out_budget=last_build_budget)

@@ -94,7 +94,8 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {  # EngineConfig's fields
                                   "(0 = always build)", float, env="ROUND_HIT_FLOOR"),
     "fit_fan_out": ConfigFlag(("--fixed-fan-out",), "prepare the whole --fan-out-budget every round, even where the "
                               "build then outlasts the verify (default: fit each round's budget, up to it, so that "
-                              "the build ends before the next answer is asked for)", action="store_false"),
+                              "the build ends before the next answer is asked for)", action="store_false",
+                              env="FIT_FAN_OUT"),
 }
 STEP_FIELDS = ("compile", "enforce_eager", "attention_backend")  # how the model forward runs
 SSD_FIELDS = ("fan_out_budget", "fan_out", "backup", "backup_max_neural_batch", "saguaro_c", "backup_hits",
@@ -117,6 +118,8 @@ def add_config_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup, field
         kwargs: dict[str, object] = {"dest": name, "help": flag.help and flag.help.format(whose=whose, default=default)}
         if flag.action is not None:
             kwargs["action"] = flag.action
+            if isinstance(default, str):  # a switch's variable: 1 / true / yes / on, anything else off
+                kwargs["default"] = default.strip().lower() in ("1", "true", "yes", "on")
         else:
             metavar = flag.metavar or (None if flag.choices else flag.names[0].lstrip("-").upper().replace("-", "_"))
             kwargs.update(default=default, type=flag.type, choices=flag.choices, metavar=metavar)

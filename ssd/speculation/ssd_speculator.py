@@ -226,7 +226,7 @@ class SsdSpeculator:
         """Fold the answers that can hit (a cache was built for the outcome they bring) into the hit rate."""
         for state in records:
             if state.cache and state.outcome is not None:
-                self.hit_rate += HIT_RATE_WEIGHT * ((state.outcome in state.cache) - self.hit_rate)
+                self.hit_rate = _moving(self.hit_rate, float(state.outcome in state.cache))
 
     def _drafts_everyone_now(self, requests: list[ProposeRequest], config: SsdConfig) -> bool:
         """Whether this round drafts every sequence now (as SD) and builds nothing: a neural backup, and a round of

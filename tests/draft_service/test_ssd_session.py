@@ -235,5 +235,8 @@ def test_ssd_flags_build_the_default_config(monkeypatch):
     assert config.ssd == SsdConfig(fan_out_budget=3, fan_out="uniform", backup="fast", backup_max_neural_batch=2,
                                    saguaro_c=0.5)
     assert parse_args([]).ssd.fan_out_budget == 8
+    assert parse_args([]).ssd.fit_fan_out and not parse_args(["--fixed-fan-out"]).ssd.fit_fan_out
+    monkeypatch.setenv("SSD_DRAFT_FIT_FAN_OUT", "0")  # a switch from the environment
+    assert not parse_args([]).ssd.fit_fan_out
     with pytest.raises(SystemExit):
         parse_args(["--saguaro-c", "2"])

@@ -65,6 +65,7 @@ def stacks(drafts, tmp_path_factory):
                                  log_dir=tmp_path_factory.mktemp(f"logs-ssd-{which}"))
             with pytest.MonkeyPatch.context() as env:  # these tests follow q and acceptance through neural backups
                 env.setenv("SSD_DRAFT_BACKUP", "neural")
+                env.setenv("SSD_DRAFT_FIT_FAN_OUT", "0")  # and count a perfect draft's hits: at the budget as set
                 started[which] = stack = start_stack(config, timeout_s=180)
             assert wait_for(lambda: target_load(stack.target_addresses[0]).is_draft_connected, timeout_s=60)
         return started[which]
