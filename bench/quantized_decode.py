@@ -10,7 +10,8 @@ slash: `/torch-ops` runs it with the project's CPU layer ops off (the layers' pl
 its LM head on the float weight rather than the checkpoint's Q8_0 blocks, `/op-by-op` with the layer ops on but
 each decoder layer run op by op instead of as one fused call (ssd/layers/fused_layer.py), `/layer-calls` with each
 fused layer its own call instead of the whole stack as one (ssd/layers/fused_stack.py), `/onednn` with the float
-linears on oneDNN's packed GEMM instead of the own float kernels (ssd_kernels/cpu/bf16_gemm, dense_gemm); e.g.
+linears on oneDNN's packed GEMM instead of the own float kernels (ssd_kernels/cpu/bf16_gemm, dense_gemm), `/no-amx`
+with the own bfloat16 kernel on its AVX512-BF16 loop where the CPU has AMX-BF16 (the default there: AMX tiles); e.g.
 
     python -m bench.quantized_decode speed --configs bf16,int4-own-fp32,int4-own-fp32/torch-ops/float-head
 """
@@ -41,7 +42,7 @@ from ssd.sampling.params import SamplingParams
 SPEED_CONFIGS = [("bf16", "bfloat16", "none"), ("int8", "bfloat16", "int8"), ("int4-own", "bfloat16", "auto"),
                  ("int4-own-int8act", "bfloat16", "auto"), ("int4-torch", "bfloat16", "auto"),
                  ("fp32", "float32", "none"), ("int4-own-fp32", "float32", "auto"), ("int4-torch-fp32", "float32", "auto")]
-VARIANTS = ("torch-ops", "float-head", "op-by-op", "layer-calls", "onednn")
+VARIANTS = ("torch-ops", "float-head", "op-by-op", "layer-calls", "onednn", "no-amx")
 
 
 def _speed_config(name: str) -> tuple[str, str, list[str]]:
@@ -58,7 +59,8 @@ def _speed_config(name: str) -> tuple[str, str, list[str]]:
 def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int) -> LLM:
     from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul
 
-    cpu_kernels.set_own_float_kernels("onednn" not in name.split("/"))  # read when the linears are packed
+    variants = name.split("/")
+    cpu_kernels.set_own_float_kernels("onednn" not in variants, "no-amx" not in variants)  # read at packing
     llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=8,
               enable_prefix_caching=False,  # the timed run must prefill again, as the first did
               kv_cache_memory_mb=256)  # 8 x 64 tokens need ~20 MB; several engines live in this one process

@@ -10,8 +10,8 @@ layout (`int4_bf16_layout`: 16 output features per vector, the codes as exact bf
 Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path, and for bfloat16 activations on
 AVX512-BF16 a kernel of the int4 bfloat16 kernel's kind (`q8_bf16_layout`); ParallelLMHead uses them.
-Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows), float32
-as it is on AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses
+Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows; read as
+AMX tiles where the CPU has AMX-BF16, unless SSD_CPU_AMX=0: up to 16 rows for one row's time), float32 as it is on AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses
 them where torch's GEMMs read the weight far below the memory's speed at few rows (docs/benchmarks.md).
 Layer ops (`layer_ops_for`): RMSNorm, RoPE, SiLU-and-multiply and few-query attention, one call each in place of
 3-20 torch ops; ssd/layers/norm.py, rotary.py, activation.py and the "cpu" attention backend use them. A whole
@@ -20,6 +20,7 @@ Where the extension cannot be built, one warning is logged and the caller keeps 
 """
 
 import enum
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,13 +220,18 @@ def _(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0] * q8_gemm.TILE)
 
 
-_own_float = {"enabled": True}
+_own_float = {"enabled": True, "amx": True}
+AMX_ENV = "SSD_CPU_AMX"  # "0": bfloat16 linears keep the AVX512-BF16 loop on an AMX CPU (every process of a deployment)
 
 
-def set_own_float_kernels(enabled: bool) -> None:
+def _amx_allowed() -> bool:
+    return _own_float["amx"] and os.environ.get(AMX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def set_own_float_kernels(enabled: bool, amx: bool = True) -> None:
     """Whether float linear layers packed from now on (`_Linear.pack`) use the own float kernels (the default) or
-    oneDNN's packed GEMM (benchmarks compare the two)."""
-    _own_float["enabled"] = enabled
+    oneDNN's packed GEMM, and whether bfloat16 ones take the AMX path where the CPU has it (benchmarks compare them)."""
+    _own_float["enabled"], _own_float["amx"] = enabled, amx
 
 
 @dataclass(frozen=True)
@@ -234,7 +240,7 @@ class OwnMatmul:
 
     kind: "LinearKind"  # DENSE_OWN (float32, the weight as it is) or BF16_OWN (bfloat16 blocks)
     tensor: torch.Tensor  # the weight [N, K], or its blocks (ssd_kernels/cpu/bf16_gemm.py)
-    path: int  # DENSE_OWN's path (float32 AVX-512 / AVX2); BF16_OWN has one path (BF16_AVX512)
+    path: int  # DENSE_OWN's: float32 AVX-512 / AVX2; BF16_OWN's: BF16_AVX512 or AMX_BF16
     max_rows: int | None  # the most rows it serves (more: oneDNN's GEMM), None: any
 
     def serves(self, x: torch.Tensor) -> bool:
@@ -249,13 +255,14 @@ class OwnMatmul:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ext = extension()
         if self.kind == LinearKind.BF16_OWN:
-            return ext.bf16_gemm(x, self.tensor)  # type: ignore[union-attr]
+            return ext.bf16_gemm(x, self.tensor, self.path)  # type: ignore[union-attr]
         return ext.dense_gemm(x, self.tensor, self.path)  # type: ignore[union-attr]
 
 
 def own_matmul_for(weight: torch.Tensor) -> OwnMatmul | None:
-    """The own kernel for this inference weight [N, K] on this CPU: bfloat16 on AVX512-BF16 (its blocks, any number
-    of rows: it matched or beat oneDNN from 1 to 512 rows on Zen 4), float32 on AVX2 / AVX-512 (the weight as it
+    """The own kernel for this inference weight [N, K] on this CPU: bfloat16 on AMX-BF16 or else AVX512-BF16 (its
+    blocks, any number of rows: on Zen 4 the AVX512-BF16 loop matched or beat oneDNN from 1 to 512 rows; on Sapphire
+    Rapids it grows with the rows from ~5, where the AMX tiles cost about one row's time up to 16), float32 on AVX2 / AVX-512 (the weight as it
     is, up to MAX_ROWS rows); None elsewhere (other dtypes, shapes or devices, no build)."""
     if (not _own_float["enabled"] or weight.dim() != 2 or weight.device.type != "cpu"
             or weight.dtype not in (torch.bfloat16, torch.float32)):
@@ -265,9 +272,10 @@ def own_matmul_for(weight: torch.Tensor) -> OwnMatmul | None:
         return None
     n, k = weight.shape
     if weight.dtype == torch.bfloat16:
-        if own_ext.BF16_AVX512 not in own_ext.supported_paths(ext) or n % bf16_gemm.BLOCK or k % 2:
+        path = bf16_gemm.path_for(ext, k, _amx_allowed())
+        if path is None or n % bf16_gemm.BLOCK or k % 2:
             return None
-        return OwnMatmul(LinearKind.BF16_OWN, bf16_gemm.pack_bf16(weight), own_ext.BF16_AVX512, None)
+        return OwnMatmul(LinearKind.BF16_OWN, bf16_gemm.pack_bf16(weight), path, None)
     if n % dense_gemm.TILE or k % dense_gemm.STEP:
         return None
     return OwnMatmul(LinearKind.DENSE_OWN, weight.detach().contiguous(), own_ext.float_path(ext), MAX_ROWS)

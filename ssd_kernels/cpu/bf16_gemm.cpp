@@ -69,14 +69,17 @@ const UnitFn kUnits[4][4] = {ROW(1), ROW(2), ROW(3), ROW(4)};  // [rows - 1][blo
 
 }  // namespace
 
-// x [M, K] bfloat16, blocks [N / 16, K / 2, 32] bfloat16 -> [M, N] bfloat16.
-torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks) {
+// x [M, K] bfloat16, blocks [N / 16, K / 2, 32] bfloat16 -> [M, N] bfloat16, on `path`: kBf16Dot512 (this file) or
+// kAmxBf16 (bf16_amx.cpp; K a multiple of 32). The two round differently: a model runs every row count on one.
+torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3 && blocks.size(2) == 32 && blocks.size(1) * 2 == x.size(1),
               "bf16_gemm: x [M, K], blocks [N/16, K/2, 32]");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && blocks.scalar_type() == at::kBFloat16 && blocks.is_contiguous(),
               "bf16_gemm: bfloat16 x and contiguous bfloat16 blocks");
   TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(), "bf16_gemm: CPU tensors only");
-  TORCH_CHECK(supported_paths() & kBf16Dot512, "bf16_gemm: this CPU has no AVX512-BF16");
+  TORCH_CHECK(path == kBf16Dot512 || path == kAmxBf16, "bf16_gemm: the path is AVX512-BF16 (8) or AMX-BF16 (16)");
+  TORCH_CHECK(supported_paths() & path, "bf16_gemm: this CPU does not run path ", path);
+  if (path == kAmxBf16) return bf16_gemm_amx(x, blocks);
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0) * kBlock;
   const torch::Tensor xc = x.contiguous();
   torch::Tensor y = torch::empty({M, N}, x.options());

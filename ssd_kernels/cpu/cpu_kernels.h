@@ -12,7 +12,8 @@
 
 namespace ssd_cpu {
 
-constexpr int64_t kFloat256 = 1, kFloat512 = 2, kVnni512 = 4, kBf16Dot512 = 8;  // the paths, as bits of supported_paths()
+constexpr int64_t kFloat256 = 1, kFloat512 = 2, kVnni512 = 4, kBf16Dot512 = 8,
+                  kAmxBf16 = 16;  // the paths, as bits of supported_paths()
 constexpr int64_t kTile = 4;  // output features per tile: independent accumulation chains at one row of x
 constexpr int kRowsPerPass = 4;  // rows of x per pass over a tile's weights
 
@@ -25,8 +26,10 @@ SSD_TARGET_256 inline float hsum_256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// The paths this CPU runs, as a bit set of kFloat256 | kFloat512 | kVnni512 | kBf16Dot512.
+// The paths this CPU runs, as a bit set of kFloat256 | kFloat512 | kVnni512 | kBf16Dot512 | kAmxBf16.
 int64_t supported_paths();
+// Whether this CPU has AMX-BF16 and the OS lets this process use its tiles (asked once, bf16_amx.cpp).
+bool amx_bf16_ready();
 
 // Runs tiles[mb - 1](operands, tile, m0) for every tile of 4 output features and every pass of up to 4 rows;
 // threads split the tiles, so each row's arithmetic is the same whatever the rows or threads.
@@ -42,7 +45,8 @@ void run_tiles(void (*const (&tiles)[4])(const Operands&, int64_t, int64_t), con
 torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& blocks, const torch::Tensor& mins, int64_t path);
 torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
 torch::Tensor dense_gemm(const torch::Tensor& x, const torch::Tensor& weight, int64_t path);
-torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
+torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
+torch::Tensor bf16_gemm_amx(const torch::Tensor& x, const torch::Tensor& blocks);
 torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
@@ -61,8 +65,8 @@ torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& posi
 // y = x @ W.T (+ bias) as a linear layer runs it (decoder_layer.cpp), by kind: at::linear on the weight, oneDNN's
 // packed weight, the own int4 kernel (weight = blocks, aux = mins, param = path), torch's CPU int4pack kernel
 // (aux = scales and zeros, param = group size), torch's int8pack kernel (aux = scales), the own float32 kernel on the
-// weight (param = path), the own bfloat16 kernel (weight = its blocks) or the own int4 kernel for bfloat16 x (weight =
-// its blocks).
+// weight (param = path), the own bfloat16 kernel (weight = its blocks, param = path) or the own int4 kernel for
+// bfloat16 x (weight = its blocks).
 constexpr int64_t kDense = 0, kPacked = 1, kInt4Own = 2, kInt4Pack = 3, kInt8Pack = 4, kDenseOwn = 5, kBf16Own = 6,
                   kInt4Bf16 = 7;
 struct Linear {

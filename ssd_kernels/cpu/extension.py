@@ -2,8 +2,8 @@
 the caller's cache folder) and the kernel paths this CPU runs.
 
 Sources: int4_gemm.cpp (group-32 int4 weights, GGUF Q4_0 / Q4_1), q8_gemm.cpp (group-32 int8 weights, GGUF
-Q8_0), dense_gemm.cpp (plain float32 weights, a few rows), bf16_gemm.cpp (bfloat16 weights in blocks, AVX512-BF16),
-int4_bf16_gemm.cpp and q8_bf16_gemm.cpp (group-32 int4 / int8 weights in blocks for bfloat16 x, AVX512-BF16, on the
+Q8_0), dense_gemm.cpp (plain float32 weights, a few rows), bf16_gemm.cpp (bfloat16 weights in blocks, AVX512-BF16)
+and bf16_amx.cpp (the same blocks as AMX tiles, AMX-BF16), int4_bf16_gemm.cpp and q8_bf16_gemm.cpp (group-32 int4 / int8 weights in blocks for bfloat16 x, AVX512-BF16, on the
 loop of bf16_dot_units.h), layer_ops.cpp (RMSNorm, RoPE, SiLU-and-multiply, few-query paged attention; AVX-512
 helpers in vector512.h), decoder_layer.cpp (a whole Llama decoder layer as one call of those, with its linears),
 module.cpp (CPU feature detection and the bindings), cpu_kernels.h (what they share).
@@ -20,10 +20,10 @@ from types import ModuleType
 
 import torch
 
-FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512 = 1, 2, 4, 8  # the kernels' paths (bits of `supported_paths`)
+FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512, AMX_BF16 = 1, 2, 4, 8, 16  # the kernels' paths (`supported_paths`)
 _FOLDER = Path(__file__).parent
-_SOURCES = ("int4_gemm.cpp", "q8_gemm.cpp", "dense_gemm.cpp", "bf16_gemm.cpp", "int4_bf16_gemm.cpp", "q8_bf16_gemm.cpp",
-            "layer_ops.cpp", "decoder_layer.cpp", "module.cpp")
+_SOURCES = ("int4_gemm.cpp", "q8_gemm.cpp", "dense_gemm.cpp", "bf16_gemm.cpp", "bf16_amx.cpp", "int4_bf16_gemm.cpp",
+            "q8_bf16_gemm.cpp", "layer_ops.cpp", "decoder_layer.cpp", "module.cpp")
 _HEADERS = ("cpu_kernels.h", "vector512.h", "bf16_dot_units.h")
 _CFLAGS = ["-O3", "-fopenmp"]  # the ISA is chosen per function (target attributes), not for the whole file
 
@@ -38,7 +38,7 @@ def _cpu_flags() -> str:
     except OSError:
         return platform.processor()
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return " ".join(sorted(f for f in line.split() if f.startswith(("avx", "fma", "f16c"))))
+    return " ".join(sorted(f for f in line.split() if f.startswith(("avx", "fma", "f16c", "amx"))))
 
 
 def build_key() -> str:
@@ -68,9 +68,10 @@ def load_extension(build_root: Path) -> ModuleType:
 
 
 def supported_paths(ext: ModuleType) -> list[int]:
-    """The paths (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512) this CPU runs."""
+    """The paths (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512, AMX_BF16) this CPU runs (AMX_BF16: the OS
+    let this process use the tiles too)."""
     bits = ext.supported_paths()
-    return [path for path in (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512) if bits & path]
+    return [path for path in (FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512, AMX_BF16) if bits & path]
 
 
 def float_path(ext: ModuleType) -> int:

@@ -13,6 +13,7 @@ int64_t supported_paths() {
   if (avx512 && (bits & kFloat256)) bits |= kFloat512;
   if ((bits & kFloat512) && __builtin_cpu_supports("avx512vnni")) bits |= kVnni512;
   if ((bits & kFloat512) && __builtin_cpu_supports("avx512bf16")) bits |= kBf16Dot512;
+  if ((bits & kBf16Dot512) && amx_bf16_ready()) bits |= kAmxBf16;
   return bits;
 }
 
@@ -26,7 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release_gil());
   m.def("dense_gemm", &ssd_cpu::dense_gemm, "y = x @ w.T for a float32 weight [N, K] (see dense_gemm.cpp)",
         release_gil());
-  m.def("bf16_gemm", &ssd_cpu::bf16_gemm, "y = x @ w.T for a bfloat16 weight in blocks (see bf16_gemm.cpp)",
+  m.def("bf16_gemm", &ssd_cpu::bf16_gemm, "y = x @ w.T for a bfloat16 weight in blocks, by path: AVX512-BF16 or AMX-BF16 (see bf16_gemm.cpp)",
         release_gil());
   m.def("int4_bf16_gemm", &ssd_cpu::int4_bf16_gemm,
         "y = x @ w.T for a group-32 int4 weight in blocks and bfloat16 x (see int4_bf16_gemm.cpp)", release_gil());
@@ -52,5 +53,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<std::vector<ssd_cpu::DecoderLayer>>())
       .def("forward", &ssd_cpu::DecoderStack::forward, release_gil());
   m.def("supported_paths", &ssd_cpu::supported_paths,
-        "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI, 8 AVX512-BF16");
+        "bit set of the paths this CPU runs: 1 float AVX2, 2 float AVX-512, 4 VNNI, 8 AVX512-BF16, 16 AMX-BF16");
 }
