@@ -11,8 +11,9 @@ Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
 q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path, and for bfloat16 activations on
 AVX512-BF16 a kernel of the int4 bfloat16 kernel's kind (`q8_bf16_layout`); ParallelLMHead uses them.
 Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows; read as
-AMX tiles where the CPU has AMX-BF16, unless SSD_CPU_AMX=0: up to 16 rows for one row's time), float32 as it is on AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses
-them where torch's GEMMs read the weight far below the memory's speed at few rows (docs/benchmarks.md).
+AMX tiles where the CPU has AMX-BF16, unless SSD_CPU_AMX=0: up to 16 rows for one row's time), float32 as it is on
+AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses them where
+torch's GEMMs read the weight far below the memory's speed at few rows (docs/benchmarks.md).
 Layer ops (`layer_ops_for`): RMSNorm, RoPE, SiLU-and-multiply and few-query attention, one call each in place of
 3-20 torch ops; ssd/layers/norm.py, rotary.py, activation.py and the "cpu" attention backend use them. A whole
 decoder layer runs as one call of them where its linears have a `LinearKind` (ssd/layers/fused_layer.py).
@@ -262,8 +263,8 @@ class OwnMatmul:
 def own_matmul_for(weight: torch.Tensor) -> OwnMatmul | None:
     """The own kernel for this inference weight [N, K] on this CPU: bfloat16 on AMX-BF16 or else AVX512-BF16 (its
     blocks, any number of rows: on Zen 4 the AVX512-BF16 loop matched or beat oneDNN from 1 to 512 rows; on Sapphire
-    Rapids it grows with the rows from ~5, where the AMX tiles cost about one row's time up to 16), float32 on AVX2 / AVX-512 (the weight as it
-    is, up to MAX_ROWS rows); None elsewhere (other dtypes, shapes or devices, no build)."""
+    Rapids it grows with the rows from ~5, where the AMX tiles cost about one row's time up to 16), float32 on AVX2 /
+    AVX-512 (the weight as it is, up to MAX_ROWS rows); None elsewhere (other dtypes, shapes or devices, no build)."""
     if (not _own_float["enabled"] or weight.dim() != 2 or weight.device.type != "cpu"
             or weight.dtype not in (torch.bfloat16, torch.float32)):
         return None

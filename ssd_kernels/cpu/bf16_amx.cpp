@@ -118,7 +118,6 @@ bool amx_bf16_ready() {
   return ready;
 }
 
-
 // x [M, K] bfloat16 (K a multiple of 32), blocks [N / 16, K / 2, 32] bfloat16 -> [M, N] bfloat16.
 torch::Tensor bf16_gemm_amx(const torch::Tensor& x, const torch::Tensor& blocks) {
   TORCH_CHECK(amx_bf16_ready(), "bf16_gemm_amx: this CPU (or its OS) runs no AMX-BF16");
