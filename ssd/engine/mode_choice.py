@@ -9,8 +9,9 @@ seconds of its last `window` steady steps. It takes the fastest and probes the o
 drifts with the text and the load). The first step after a switch pays for the switch (a draft that sat out plain
 steps first catches up on every token it skipped; an SSD draft has no cache to answer from), so a probe runs up to
 `probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones
-count as its speed; the first one counts only until a later one is measured. A probe of a slower choice costs time:
-its steady rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the
+count as its speed; the first one counts only until a later one is measured (so a choice's first try runs to its
+second step at least, before another untried choice is tried). A probe of a slower choice costs time: its steady
+rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the
 tokens it has not seen (a cost per token learned from the bucket's earlier switches; until one is measured there,
 the dearest of other buckets' figures and what one more token adds to the target's forward; a plain probe's switch
 is the way back).
@@ -133,6 +134,9 @@ class ModeChooser:
         draft has `unseen` tokens to catch up on: plain first, then each untried choice (or its prediction), then
         the fastest, with probes of the others."""
         b = self._bucket(batch_size, options)
+        last = b.speeds.get(b.last) if b.last in options and b.last != PLAIN else None
+        if last is not None and not last.seconds and b.run < self.probe_steps:
+            return b.last  # a first try goes on until a steady step is measured: its switch step alone is no speed
         for choice in (PLAIN, *options):
             if choice not in b.speeds and not self._predict(b, choice, batch_size, lookahead):
                 return choice

@@ -72,6 +72,24 @@ def test_a_switch_steps_catch_up_is_not_taken_for_the_speed_of_speculation():
     assert PLAIN in picks[20:]  # plain still probed
 
 
+def test_a_first_try_measures_a_steady_round_before_the_next_untried_choice():
+    """SSD with a remote draft at batch 1: its first round (the draft's first build, the prompt to catch up on) is
+    slow, its steady rounds twice as fast as plain steps, and SD rounds slower than plain. The untried SD must not cut
+    SSD's first try short after that one round (it then stood at its switch round's speed, under plain's, and was
+    not tried again for ~1100 steps, docs/benchmarks.md 2026-12-07); it speculates from the first prompt on."""
+    chooser, last, picks = ModeChooser(), None, []
+    for _ in range(300):
+        choice = chooser.choose(1, CHOICES, lookahead=4, unseen=100 if last != SPECULATE else 0)
+        picks.append(choice)
+        seconds, tokens = {PLAIN: (0.025, 1), SD: (0.035, 1), SPECULATE: (0.026, 2)}[choice]
+        if choice == SPECULATE and last != SPECULATE:
+            seconds = 0.040  # its switch round
+        chooser.record(1, choice, seconds, tokens, CHOICES, unseen=100 if choice != last else 0)
+        last = choice
+    assert picks[1:3] == [SPECULATE, SPECULATE]  # the first try: the switch round and a steady one
+    assert picks.count(SPECULATE) >= 250
+
+
 def _run(chooser: ModeChooser, batch_size: int, plain: tuple[float, int], spec: tuple[float, int],
          catch_up_s: float, steps: int = 1500, behind: int = 0, tell: bool = True, fed_until_first: bool = False) -> int:
     """`steps` decode steps at `batch_size`: a plain step takes plain = (seconds, tokens), a speculative round spec
