@@ -4,9 +4,10 @@ the caller's cache folder) and the kernel paths this CPU runs.
 Sources: int4_gemm.cpp (group-32 int4 weights, GGUF Q4_0 / Q4_1), q8_gemm.cpp (group-32 int8 weights, GGUF
 Q8_0), dense_gemm.cpp (plain float32 weights, a few rows), bf16_gemm.cpp (bfloat16 weights in blocks, AVX512-BF16)
 and bf16_amx.cpp (the same blocks as AMX tiles, AMX-BF16), int4_bf16_gemm.cpp and q8_bf16_gemm.cpp (group-32 int4 /
-int8 weights in blocks for bfloat16 x, AVX512-BF16, on the loop of bf16_dot_units.h), layer_ops.cpp (RMSNorm, RoPE, SiLU-and-multiply, few-query paged attention; AVX-512
-helpers in vector512.h), decoder_layer.cpp (a whole Llama decoder layer as one call of those, with its linears),
-module.cpp (CPU feature detection and the bindings), cpu_kernels.h (what they share).
+int8 weights in blocks for bfloat16 x, AVX512-BF16, on the loop of bf16_dot_units.h), layer_ops.cpp (RMSNorm,
+RoPE, SiLU-and-multiply, few-query paged attention; AVX-512 helpers in vector512.h), decoder_layer.cpp (a whole
+Llama decoder layer as one call of those, with its linears), module.cpp (CPU feature detection and the bindings),
+cpu_kernels.h (what they share).
 `load_extension` raises `KernelBuildError` where it cannot build; each kernel's layout, launcher and plain-torch
 reference live in its own module (int4_gemm.py, q8_gemm.py, dense_gemm.py, bf16_gemm.py, int4_bf16_gemm.py,
 q8_bf16_gemm.py).
