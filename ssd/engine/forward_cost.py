@@ -6,7 +6,9 @@ forwards (B x (K + 1) at the batch sizes it speculated at); prefill forwards are
 costs less per token than as many tokens spread over many sequences. Measurements are kept per power-of-two size of
 the token count as moving averages of (tokens, seconds), and read off a straight line fitted to them (least
 squares; its slope never below zero), so a verify larger than any forward measured is extrapolated. The slope, what
-one more token costs, also stands in for the cost of a draft's catch-up until a switch has measured it.
+one more token costs, also stands in for the cost of a draft's catch-up until a switch has measured it. Prompt
+forwards are averaged on their own: what the target's prefill takes per token bounds what a draft's catch-up (a
+smaller model's prefill-shaped forward) can take per token.
 """
 
 from dataclasses import dataclass, field
@@ -16,6 +18,19 @@ from dataclasses import dataclass, field
 class ForwardCost:
     smoothing: float = 0.25  # weight of the newest measurement in each size's moving average
     points: dict[int, tuple[float, float]] = field(default_factory=dict)  # size -> (mean tokens, mean seconds)
+    prefill: tuple[float, float] | None = None  # (mean tokens, mean seconds) of prompt forwards
+
+    def record_prefill(self, num_tokens: int, seconds: float) -> None:
+        """One prompt forward (or chunk) of `num_tokens` tokens over the batch took `seconds`."""
+        if num_tokens <= 0 or seconds <= 0:
+            return
+        old, w = self.prefill, self.smoothing
+        self.prefill = (num_tokens, seconds) if old is None else (
+            (1 - w) * old[0] + w * num_tokens, (1 - w) * old[1] + w * seconds)
+
+    def prefill_seconds_per_token(self) -> float | None:
+        """What the target's prompt forwards took per token; None before one was measured."""
+        return None if self.prefill is None else self.prefill[1] / self.prefill[0]
 
     def record(self, num_tokens: int, seconds: float) -> None:
         """One decode-shaped forward of `num_tokens` tokens (over the whole batch) took `seconds`."""

@@ -173,7 +173,10 @@ class LLMEngine:
             outcomes, new_logprobs = self._speculative_round(batch.seqs, k, choice)
         else:
             decoding = batch.mode == ForwardMode.DECODE and decoder is not None  # only a speculating engine chooses
+            fed = sum(batch.num_new_tokens)
             batch, items, logits = self._forward(batch)  # the sequences whose prompt (or next token) is fully fed
+            if batch.mode == ForwardMode.PREFILL and decoder is not None:  # bounds a draft's catch-up per token
+                self.mode_chooser.forward_cost.record_prefill(fed, time.perf_counter() - started)
             if not batch.seqs:
                 return []
             tokens, new_logprobs = self._sample(batch, items, logits)

@@ -11,10 +11,10 @@ steps first catches up on every token it skipped; an SSD draft has no cache to a
 `probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones
 count as its speed; the first one counts only until a later one is measured (so a choice's first try runs to its
 second step at least, before another untried choice is tried). A probe of a slower choice costs time: its steady
-rounds' excess over what their tokens take at the best speed, and its switch, the draft's catch-up on the
-tokens it has not seen (a cost per token learned from the bucket's earlier switches; until one is measured there,
-the dearest of other buckets' figures and what one more token adds to the target's forward; a plain probe's switch
-is the way back).
+rounds' excess over what their tokens take at the best speed, and its switch: a fixed part and its draft's
+catch-up on the tokens it has not seen, fitted to the bucket's earlier switches (SwitchCost; until one is measured
+there, the dearest of other buckets' figures and what one more token adds to the target's forward; a plain probe's
+switch is the way back).
 Probes may take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at
 the best choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns
 after `min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap`
@@ -41,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ssd.engine.forward_cost import ForwardCost
+from ssd.engine.switch_cost import SwitchCost
 
 SPECULATE, SD, PLAIN = "speculate", "sd", "plain"
 CHOICES = (SPECULATE, SD, PLAIN)
@@ -106,7 +107,7 @@ class _Bucket:
     since: dict[str, int] = field(default_factory=dict)  # choice -> steps taken here since it last ran
     run: int = 0  # consecutive steps of the last choice taken here
     steps: int = 0  # decode steps taken here
-    catch_up_s: float | None = None  # seconds a switch to speculating costs here per token the draft has not seen
+    switch_costs: dict[str, SwitchCost] = field(default_factory=dict)  # choice -> what a switch to it costs here
     switch: tuple[str, float, int] | None = None  # (choice, seconds, unseen tokens) of a switch step to learn from
     last: str | None = None  # the last choice taken here
 
@@ -170,7 +171,7 @@ class ModeChooser:
             speed.provisional = None
         elif not speed.seconds and speed.provisional is None:  # nothing better known yet
             speed.provisional = (num_tokens / seconds, seconds)
-        self._learn_catch_up(b)
+        self._learn_switch_cost(b)
         for c in options:
             b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
         if choice != PLAIN:
@@ -191,30 +192,31 @@ class ModeChooser:
     def _best(b: _Bucket, options: tuple[str, ...]) -> str:
         return max(options, key=lambda c: b.speeds[c].tok_s)
 
-    @staticmethod
-    def _learn_catch_up(b: _Bucket) -> None:
-        """Once the switched-to choice's steady time is known: what its switch step took beyond it, per token the
-        draft had to catch up on."""
+    def _learn_switch_cost(self, b: _Bucket) -> None:
+        """Once the switched-to choice's steady time is known: what its switch step took beyond it, for the tokens
+        the draft had to catch up on (per token at most what the target's prefill takes)."""
         if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
         choice, seconds, unseen = b.switch
-        per_token = max(0.0, seconds - b.speeds[choice].step_s) / unseen
-        b.catch_up_s = per_token if b.catch_up_s is None else 0.75 * b.catch_up_s + 0.25 * per_token
+        cost = b.switch_costs.setdefault(choice, SwitchCost())
+        cost.learn(unseen, seconds - b.speeds[choice].step_s, self.forward_cost.prefill_seconds_per_token())
         b.switch = None
 
-    def _catch_up_per_token(self, b: _Bucket) -> float:
-        """What a switch costs in bucket `b` per token the draft has not seen: as its own switches measured it; until
-        then the dearest known figure, that of other buckets or what one more token adds to the target's forward
+    def _switch_s(self, b: _Bucket, choice: str, unseen: int) -> float:
+        """What a switch to `choice` costs in bucket `b` with `unseen` tokens to catch up on: as its own switches
+        there measured it (an SSD round after a switch also answers with no cache, an SD round does not); until
+        then the dearest known figure, that of other switches or what one more token adds to the target's forward
         (a catch-up's shape changes with the batch, so another bucket's figure may fall short)."""
-        if b.catch_up_s is not None:
-            return b.catch_up_s
-        known = [o.catch_up_s for o in self.buckets.values() if o.catch_up_s is not None]
-        return max([*known, self.forward_cost.seconds_per_token() or 0.0])
+        own = b.switch_costs.get(choice)
+        if own is not None:
+            return own.seconds(unseen)
+        known = [cost.seconds(unseen) for o in self.buckets.values() for cost in o.switch_costs.values()]
+        return max([*known, (self.forward_cost.seconds_per_token() or 0.0) * unseen])
 
     def _due(self, b: _Bucket, choice: str, best: str, batch_size: int, unseen: int) -> bool:
         """Whether `choice` is probed now: once the time since it last ran, at `best`'s pace, pays its probe's cost
         over `explore` (its steady rounds' excess, none if its measured rounds leave it within reach of `best`, and
-        its draft's catch-up), but not before `min_gap` steps and at the latest after `max_gap`."""
+        its switch), but not before `min_gap` steps and at the latest after `max_gap`."""
         since = b.since.get(choice, 0)
         if since < self.min_gap:
             return False
@@ -223,8 +225,9 @@ class ModeChooser:
         slow, fast = b.speeds[choice], b.speeds[best]
         steady = 0.0 if slow.could_reach(fast.tok_s, batch_size) else (
             (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s))
-        to_catch_up = unseen if choice != PLAIN else batch_size * self.probe_steps  # plain: the way back after
-        return since * self.explore * fast.step_s >= steady + self._catch_up_per_token(b) * to_catch_up
+        switch = self._switch_s(b, choice, unseen) if choice != PLAIN else self._switch_s(
+            b, best, batch_size * self.probe_steps)  # plain: the way back after it
+        return since * self.explore * fast.step_s >= steady + switch
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here

@@ -28,3 +28,12 @@ def test_the_slope_is_never_negative_and_nothing_is_cheaper_than_the_cheapest_fo
     cost.record(8, 0.020)  # noise: a larger forward measured faster
     assert cost.seconds(64) == pytest.approx(0.025)
     assert cost.seconds(1) >= 0.020
+
+
+def test_prompt_forwards_give_the_targets_prefill_cost_per_token_apart_from_the_decode_line():
+    cost = ForwardCost()
+    assert cost.prefill_seconds_per_token() is None
+    cost.record_prefill(100, 0.040)
+    cost.record_prefill(0, 1.0)  # nothing fed: ignored
+    assert cost.prefill_seconds_per_token() == pytest.approx(0.0004)
+    assert cost.seconds(5) is None  # the decode line knows nothing of prompts

@@ -118,7 +118,8 @@ def test_a_probe_waits_for_what_its_drafts_catch_up_will_cost():
     skipped token from the switch steps and probes only when the budget covers the catch-up too."""
     told = ModeChooser()
     assert _batch16_run(told) == 2  # the first try only (its switch round and one more)
-    assert told.buckets[(16, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
+    cost = told.buckets[(16, (SPECULATE, PLAIN))].switch_costs[SPECULATE]  # one switch, no prefill measured: all per token
+    assert (cost.fixed_s, cost.per_token_s) == pytest.approx((0.0, 0.0002))
     assert _batch16_run(ModeChooser(), tell=False) > 2  # blind to the catch-up: it probes on
 
 
@@ -129,7 +130,7 @@ def test_a_catch_up_learned_at_one_batch_size_prices_the_probes_of_another():
     taught.record(1, PLAIN, 0.040, 1)
     taught.record(1, SPECULATE, 0.060 + 0.0002 * 300, 2, unseen=300)  # the switch: 300 skipped tokens
     taught.record(1, SPECULATE, 0.060, 2)  # a steady round
-    assert taught.buckets[(1, (SPECULATE, PLAIN))].catch_up_s == pytest.approx(0.0002)
+    assert taught.buckets[(1, (SPECULATE, PLAIN))].switch_costs[SPECULATE].per_token_s == pytest.approx(0.0002)
     assert _batch16_run(taught, fed_until_first=True) == 2  # its first try (a switch round and one more) only
     assert _batch16_run(ModeChooser(), fed_until_first=True) > 2  # nothing learned anywhere: it probes on
 
@@ -155,6 +156,33 @@ def test_a_choice_within_reach_still_waits_until_the_budget_pays_its_drafts_catc
 
     assert rounds(catch_up_s=0.005) == 4  # its first try, a probe's 4 steps (within reach), and no probe after
     assert rounds(catch_up_s=0.0) > 10  # within reach and free to switch to: back every min_gap steps
+
+
+def test_a_short_switchs_excess_is_a_fixed_cost_not_a_cost_per_token():
+    """SSD at batch 1 on Sapphire Rapids (docs/benchmarks.md 2026-12-07): plain steps 1 token in 25 ms, SD rounds 1.2
+    in 35 ms, SSD rounds 2 in 26 ms; a switch to SSD costs 7.5 ms (a round with no cache) plus 0.1 ms per token its
+    draft has not seen, and the target's prefill takes 0.4 ms a token. Its switches back from SD probes catch up on
+    1-2 tokens: read per token, their 7.5 ms priced the way back from a streak of plain steps at 7.5 ms per step
+    sat out, more than the probe budget ever pays. After a hard passage (SSD rounds of 1 token, under plain's speed),
+    it returns to SSD within a few probe gaps."""
+    chooser, last, unseen, picks = ModeChooser(), None, 100, []
+    chooser.forward_cost.record_prefill(100, 0.040)
+    for step in range(600):
+        choice = chooser.choose(1, CHOICES, lookahead=4, unseen=unseen)
+        picks.append(choice)
+        hard = 150 <= step < 250
+        seconds, tokens = {PLAIN: (0.025, 1), SD: (0.035, 1 + (step % 5 == 0)), SPECULATE: (0.026, 1 + (not hard))}[
+            choice]
+        if choice != PLAIN and choice != last:
+            seconds += 0.0001 * unseen + (0.0075 if choice == SPECULATE else 0.0)
+        chooser.record(1, choice, seconds, tokens, CHOICES, unseen=unseen)
+        unseen = unseen + tokens if choice == PLAIN else tokens
+        last = choice
+    assert picks[250:].count(PLAIN) > 0  # it did leave SSD in the hard passage
+    assert picks[350:].count(SPECULATE) >= 200
+    to_ssd, to_sd = (chooser.buckets[(1, CHOICES)].switch_costs[c] for c in (SPECULATE, SD))
+    assert to_ssd.fixed_s == pytest.approx(0.0075, abs=0.001) and to_ssd.per_token_s < 0.0004
+    assert to_sd.fixed_s < 0.001
 
 
 def test_speculation_that_turns_faster_takes_over_again():
