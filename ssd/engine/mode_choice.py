@@ -15,11 +15,13 @@ rounds' excess over what their tokens take at the best speed, and its switch: a 
 catch-up on the tokens it has not seen, fitted to the bucket's earlier switches (SwitchCost; until one is measured
 there, the dearest of other buckets' figures and what one more token adds to the target's forward; a plain probe's
 switch is the way back).
-Probes may take about `explore` of the decode time: a choice is probed again once the steps since it last ran, at
-the best choice's time per step, come to its probe's cost over `explore` (so a probe that would lose little returns
-after `min_gap` steps, one whose draft has a long way to catch up far later, and at the latest after `max_gap`
-steps); one whose few measured rounds leave it within reach of the best (two standard errors of its tokens per
-round) is charged its catch-up only, so it returns after `min_gap` steps where its draft is not far behind.
+Probes may take about `explore` of the decode time, shared among the slower choices: a choice is probed again once
+the steps since it last ran, at the best choice's time per step, come to its probe's expected cost (at the speeds
+measured) over its share. So a probe that would lose little returns after `min_gap` steps, one whose draft has a
+long way to catch up far later, and any at the latest after `max_gap` steps. A probe ends after its first steady
+step where that leaves it out of reach of the best (its mean tokens per step plus two standard errors). An SSD
+batch weighs two slower choices (SD and plain steps); when each had its own 3%, and one within reach was probed
+every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
 
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
@@ -117,7 +119,7 @@ class ModeChooser:
     min_gap: int = 32  # steps of the best choice between two probes of another, at the least
     max_gap: int = 4096  # ... and at the most
     probe_steps: int = 4  # steps a probe runs (its first pays for the switch)
-    explore: float = 0.03  # the share of decode time the probes of a slower choice may cost
+    explore: float = 0.03  # the share of decode time the probes of the slower choices may cost together
     window: int = 8  # steady steps a choice's time per step is measured over
     token_window: int = 64  # steps a choice's tokens per step are measured over
     token_horizon: int = 256  # ... among those of the bucket's last this many steps (at least a probe's worth)
@@ -146,7 +148,8 @@ class ModeChooser:
         probe = b.speeds[b.last] if b.last != best else None
         if probe is not None and b.run < self.probe_steps and (b.run < 2 or probe.could_reach(top, batch_size)):
             return b.last  # a probe goes on past its switch step, and on unless its steady steps are hopeless
-        due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen)]
+        share = self.explore / (len(options) - 1)
+        due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
 
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
@@ -213,21 +216,20 @@ class ModeChooser:
         known = [cost.seconds(unseen) for o in self.buckets.values() for cost in o.switch_costs.values()]
         return max([*known, (self.forward_cost.seconds_per_token() or 0.0) * unseen])
 
-    def _due(self, b: _Bucket, choice: str, best: str, batch_size: int, unseen: int) -> bool:
-        """Whether `choice` is probed now: once the time since it last ran, at `best`'s pace, pays its probe's cost
-        over `explore` (its steady rounds' excess, none if its measured rounds leave it within reach of `best`, and
-        its switch), but not before `min_gap` steps and at the latest after `max_gap`."""
+    def _due(self, b: _Bucket, choice: str, best: str, batch_size: int, unseen: int, share: float) -> bool:
+        """Whether `choice` is probed now: once the time since it last ran, at `best`'s pace, pays its probe's
+        expected cost over its `share` of the exploration (its steady rounds' excess at the speeds measured, and its
+        switch), but not before `min_gap` steps and at the latest after `max_gap`."""
         since = b.since.get(choice, 0)
         if since < self.min_gap:
             return False
         if since >= self.max_gap:
             return True
         slow, fast = b.speeds[choice], b.speeds[best]
-        steady = 0.0 if slow.could_reach(fast.tok_s, batch_size) else (
-            (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s))
+        steady = (self.probe_steps - 1) * slow.step_s * max(0.0, 1.0 - slow.tok_s / fast.tok_s)
         switch = self._switch_s(b, choice, unseen) if choice != PLAIN else self._switch_s(
             b, best, batch_size * self.probe_steps)  # plain: the way back after it
-        return since * self.explore * fast.step_s >= steady + switch
+        return since * share * fast.step_s >= steady + switch
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here
