@@ -164,7 +164,7 @@ class ModeChooser:
         b.last = choice
         if switched and choice != PLAIN and unseen > 0:
             b.switch = (choice, seconds, unseen)
-        speed = b.speeds.setdefault(choice, self._new_speed())
+        speed = b.speeds.get(choice) or self._add_speed(b, choice)
         b.steps += 1
         speed.tokens.append((b.steps, num_tokens))
         for other in b.speeds.values():
@@ -185,8 +185,15 @@ class ModeChooser:
         self.num_switches += self.last is not None and choice != self.last
         self.last = choice
 
-    def _new_speed(self, provisional: tuple[float, float] | None = None) -> _Speed:
-        return _Speed(deque(maxlen=self.window), deque(maxlen=self.token_window), provisional)
+    def _add_speed(self, b: _Bucket, choice: str, provisional: tuple[float, float] | None = None) -> _Speed:
+        """A new choice's speed in bucket `b`. SSD rounds and SD rounds draft with the same draft and K, and what
+        they yield depends on the text, which drifts: measured apart, an SD probe on easy text beat SSD's rounds on
+        the harder text before it (SD took 231 rounds at 0.72x SSD's speed, docs/benchmarks.md 2026-12-07). So the
+        two share one yield, that of the bucket's last speculative rounds of either kind, and differ by their time."""
+        sibling = b.speeds.get(SD if choice == SPECULATE else SPECULATE) if choice != PLAIN else None
+        tokens = sibling.tokens if sibling is not None else deque(maxlen=self.token_window)
+        b.speeds[choice] = _Speed(deque(maxlen=self.window), tokens, provisional)
+        return b.speeds[choice]
 
     def _bucket(self, batch_size: int, options: tuple[str, ...]) -> _Bucket:
         return self.buckets.setdefault((bucket_of(batch_size), options), _Bucket())
@@ -245,7 +252,7 @@ class ModeChooser:
         rate = batch_size * self.yield_per_seq[nearest] / seconds  # drafting left out: an optimistic speed
         if rate >= b.speeds[PLAIN].tok_s:
             return False
-        b.speeds[choice] = self._new_speed((rate, seconds))
+        self._add_speed(b, choice, (rate, seconds))
         b.since[choice] = 0
         self.num_predicted += 1
         return True

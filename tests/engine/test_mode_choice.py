@@ -185,6 +185,22 @@ def test_a_short_switchs_excess_is_a_fixed_cost_not_a_cost_per_token():
     assert to_sd.fixed_s < 0.001
 
 
+def test_sd_and_ssd_rounds_are_weighed_on_the_same_yield():
+    """The text alternates between hard passages (1.25 tokens a speculative round) and easy ones (2.33). SD and SSD
+    rounds yield the same; an SD round takes 33 ms, an SSD round 24.5 ms, so SD is never the faster. Measured apart,
+    SD's probes on easy text beat SSD's rounds on the hard text before them, and SD took over until SSD's were aged
+    out (199 SD rounds in 1200 steps); on one yield SD is only probed."""
+    chooser, picks = ModeChooser(), []
+    for step in range(1200):
+        choice = chooser.choose(1, CHOICES, lookahead=4, unseen=2)
+        picks.append(choice)
+        easy = (step // 150) % 2 == 1
+        spec_tokens = 2 + (step % 3 == 0) if easy else 1 + (step % 4 == 0)
+        seconds, tokens = {PLAIN: (0.019, 1), SD: (0.033, spec_tokens), SPECULATE: (0.0245, spec_tokens)}[choice]
+        chooser.record(1, choice, seconds, tokens, CHOICES, unseen=2)
+    assert picks.count(SD) <= 60 and picks.count(SPECULATE) >= 650
+
+
 def test_speculation_that_turns_faster_takes_over_again():
     chooser = ModeChooser(min_gap=2)
     chooser.record(1, PLAIN, 1.0, 30)
