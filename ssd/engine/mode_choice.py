@@ -5,16 +5,17 @@ The engine times every decode step it takes and counts the tokens it committed. 
 5-8, ...) the chooser keeps each choice's speed: its mean tokens per step over its last `token_window` steps among
 the bucket's last `token_horizon` (a speculative round's yield varies far more from round to round than its time,
 and a streak of poor rounds that made the chooser leave a choice must age out before its probes) over the median
-seconds of its last `window` steady steps. It takes the fastest and probes the others now and then (a choice's speed
-drifts with the text and the load). The first step after a switch pays for the switch (a draft that sat out plain
-steps first catches up on every token it skipped; an SSD draft has no cache to answer from), so a probe runs up to
-`probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the later ones
-count as its speed; the first one counts only until a later one is measured (so a choice's first try runs to its
-second step at least, before another untried choice is tried). A probe of a slower choice costs time: its steady
-rounds' excess over what their tokens take at the best speed, and its switch: a fixed part and its draft's
-catch-up on the tokens it has not seen, fitted to the bucket's earlier switches (SwitchCost; until one is measured
-there, the dearest of other buckets' figures and what one more token adds to the target's forward; a plain probe's
-switch is the way back).
+seconds of its last `window` steady steps; SSD and SD rounds share one yield (they draft alike, and measured apart
+at different times the text's drift would decide between them). It takes the fastest and probes the others now and
+then (a choice's speed drifts with the text and the load). The first step after a switch pays for the switch (a
+draft that sat out plain steps first catches up on every token it skipped; an SSD draft has no cache to answer
+from), so a probe runs up to `probe_steps` steps (fewer where its first rounds already leave it out of reach of the
+best) and only the later ones count as its speed; the first one counts only until a later one is measured (so a
+choice's first try runs to its second step at least, before another untried choice is tried). A probe of a slower
+choice costs time: its steady rounds' excess over what their tokens take at the best speed, and its switch: a fixed
+part and its draft's catch-up on the tokens it has not seen, fitted to the bucket's earlier switches (SwitchCost;
+until one is measured there, the dearest of other buckets' figures and what one more token adds to the target's
+forward; a plain probe's switch is the way back).
 Probes may take about `explore` of the decode time, shared among the slower choices: a choice is probed again once
 the steps since it last ran, at the best choice's time per step, come to its probe's expected cost (at the speeds
 measured) over its share. So a probe that would lose little returns after `min_gap` steps, one whose draft has a
@@ -110,7 +111,7 @@ class _Bucket:
     run: int = 0  # consecutive steps of the last choice taken here
     steps: int = 0  # decode steps taken here
     switch_costs: dict[str, SwitchCost] = field(default_factory=dict)  # choice -> what a switch to it costs here
-    switch: tuple[str, float, int] | None = None  # (choice, seconds, unseen tokens) of a switch step to learn from
+    switch: tuple[str, list[float], int] | None = None  # (choice, seconds of its switch steps, unseen tokens)
     last: str | None = None  # the last choice taken here
 
 
@@ -146,8 +147,9 @@ class ModeChooser:
         best = self._best(b, options)
         top = b.speeds[best].tok_s
         probe = b.speeds[b.last] if b.last != best else None
-        if probe is not None and b.run < self.probe_steps and (b.run < 2 or probe.could_reach(top, batch_size)):
-            return b.last  # a probe goes on past its switch step, and on unless its steady steps are hopeless
+        settling = b.run <= self._switch_steps(b.last, options)
+        if probe is not None and b.run < self.probe_steps and (settling or probe.could_reach(top, batch_size)):
+            return b.last  # a probe goes on past its switch steps, and on unless its steady steps are hopeless
         share = self.explore / (len(options) - 1)
         due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
@@ -162,19 +164,22 @@ class ModeChooser:
         switched = prev is not None and choice != prev
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
+        steady = prev is None or b.run > self._switch_steps(choice, options)
         if switched and choice != PLAIN and unseen > 0:
-            b.switch = (choice, seconds, unseen)
+            b.switch = (choice, [seconds], unseen)
+        elif not steady and b.switch is not None and b.switch[0] == choice:
+            b.switch[1].append(seconds)
         speed = b.speeds.get(choice) or self._add_speed(b, choice)
         b.steps += 1
         speed.tokens.append((b.steps, num_tokens))
         for other in b.speeds.values():
             other.age_out(b.steps, self.token_horizon, self.probe_steps)
-        if not switched:
+        if steady:
             speed.seconds.append(seconds)
             speed.provisional = None
         elif not speed.seconds and speed.provisional is None:  # nothing better known yet
             speed.provisional = (num_tokens / seconds, seconds)
-        self._learn_switch_cost(b)
+        self._learn_switch_cost(b, options)
         for c in options:
             b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
         if choice != PLAIN:
@@ -184,6 +189,13 @@ class ModeChooser:
         self.num_rounds[choice] += 1
         self.num_switches += self.last is not None and choice != self.last
         self.last = choice
+
+    @staticmethod
+    def _switch_steps(choice: str | None, options: tuple[str, ...]) -> int:
+        """The steps a switch to `choice` takes to settle. SSD's first round answers at once (with no cache) while
+        its draft catches up during the verify; a long catch-up then holds up the next round's answer too (at batch
+        4, 448 tokens: 26 ms, then 82 ms, against 30 ms a steady round), so SSD's first two rounds are its switch."""
+        return 2 if choice == SPECULATE and SD in options else 1
 
     def _add_speed(self, b: _Bucket, choice: str, provisional: tuple[float, float] | None = None) -> _Speed:
         """A new choice's speed in bucket `b`. SSD rounds and SD rounds draft with the same draft and K, and what
@@ -202,14 +214,17 @@ class ModeChooser:
     def _best(b: _Bucket, options: tuple[str, ...]) -> str:
         return max(options, key=lambda c: b.speeds[c].tok_s)
 
-    def _learn_switch_cost(self, b: _Bucket) -> None:
-        """Once the switched-to choice's steady time is known: what its switch step took beyond it, for the tokens
+    def _learn_switch_cost(self, b: _Bucket, options: tuple[str, ...]) -> None:
+        """Once the switched-to choice's steady time is known: what its switch steps took beyond it, for the tokens
         the draft had to catch up on (per token at most what the target's prefill takes)."""
         if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
         choice, seconds, unseen = b.switch
+        if b.last == choice and b.run <= self._switch_steps(choice, options):
+            return  # still settling
+        excess = sum(s - b.speeds[choice].step_s for s in seconds)
         cost = b.switch_costs.setdefault(choice, SwitchCost())
-        cost.learn(unseen, seconds - b.speeds[choice].step_s, self.forward_cost.prefill_seconds_per_token())
+        cost.learn(unseen, excess, self.forward_cost.prefill_seconds_per_token())
         b.switch = None
 
     def _switch_s(self, b: _Bucket, choice: str, unseen: int) -> float:

@@ -118,7 +118,7 @@ def test_a_probe_waits_for_what_its_drafts_catch_up_will_cost():
     skipped token from the switch steps and probes only when the budget covers the catch-up too."""
     told = ModeChooser()
     assert _batch16_run(told) == 2  # the first try only (its switch round and one more)
-    cost = told.buckets[(16, (SPECULATE, PLAIN))].switch_costs[SPECULATE]  # one switch, no prefill measured: all per token
+    cost = told.buckets[(16, (SPECULATE, PLAIN))].switch_costs[SPECULATE]  # one switch, no prefill: all per token
     assert (cost.fixed_s, cost.per_token_s) == pytest.approx((0.0, 0.0002))
     assert _batch16_run(ModeChooser(), tell=False) > 2  # blind to the catch-up: it probes on
 
@@ -199,6 +199,25 @@ def test_sd_and_ssd_rounds_are_weighed_on_the_same_yield():
         seconds, tokens = {PLAIN: (0.019, 1), SD: (0.033, spec_tokens), SPECULATE: (0.0245, spec_tokens)}[choice]
         chooser.record(1, choice, seconds, tokens, CHOICES, unseen=2)
     assert picks.count(SD) <= 60 and picks.count(SPECULATE) >= 650
+
+
+def test_an_ssd_draft_that_catches_up_during_the_verify_settles_over_two_rounds():
+    """SSD at batch 4 (docs/benchmarks.md 2026-12-07): plain steps 4 tokens in 24 ms (167 tok/s), steady SSD rounds 6
+    in 30 ms (200 tok/s), SD rounds 6 in 58 ms. A switch to SSD answers at once from the backup while the draft
+    catches up on the tokens it skipped (0.1 ms each, 448 at first) during the verify, so the second round waits for
+    it. Taking that round for SSD's speed (85 tok/s) kept the bucket plain; SSD takes over."""
+    chooser, last, unseen, picks, waiting = ModeChooser(), None, 448, [], 0.0
+    for _ in range(600):
+        choice = chooser.choose(4, CHOICES, lookahead=4, unseen=unseen)
+        picks.append(choice)
+        seconds, tokens = {PLAIN: (0.024, 4), SD: (0.058, 6), SPECULATE: (0.030 + waiting, 6)}[choice]
+        waiting = 0.0
+        if choice == SPECULATE and last != SPECULATE:
+            seconds, tokens, waiting = 0.026, 4, 0.0001 * unseen
+        chooser.record(4, choice, seconds, tokens, CHOICES, unseen=unseen)
+        unseen = unseen + tokens if choice == PLAIN else tokens
+        last = choice
+    assert picks.count(SPECULATE) >= 450
 
 
 def test_speculation_that_turns_faster_takes_over_again():
