@@ -28,8 +28,10 @@ An untried bucket takes a plain step first. Before it pays for its first specula
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
 line through the engine's decode steps and verifies of other sizes (ForwardCost), and the round's yield is the
 tokens per sequence that speculation gave at the nearest other batch size. The prediction leaves the drafting out,
-so it is optimistic: where even it loses to plain steps, the bucket starts from it and probes for real when the
-budget allows.
+so it is optimistic in that; but the line can overprice a verify (on AMX tiles a forward costs about the same up to
+16 rows per sequence's worth, and the line through 1 and 5 tokens priced a 20-token verify 15% over its measured
+time). Where it loses to plain steps by more than `predict_margin`, the bucket starts from it and probes for real
+when the budget allows; otherwise speculation is tried.
 
 The choices: SPECULATE, each sequence in its own mode (an SSD sequence's draft builds its next answer while the
 target verifies); SD, only offered when an adaptive sequence runs SSD: such sequences speculate as plain SD this
@@ -120,6 +122,7 @@ class ModeChooser:
     min_gap: int = 32  # steps of the best choice between two probes of another, at the least
     max_gap: int = 4096  # ... and at the most
     probe_steps: int = 4  # steps a probe runs (its first pays for the switch)
+    predict_margin: float = 0.85  # an untried choice is tried unless its prediction is under this share of plain's
     explore: float = 0.03  # the share of decode time the probes of the slower choices may cost together
     window: int = 8  # steady steps a choice's time per step is measured over
     token_window: int = 64  # steps a choice's tokens per step are measured over
@@ -254,8 +257,8 @@ class ModeChooser:
         return since * share * fast.step_s >= steady + switch
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
-        """Whether `choice`, untried here, starts from a prediction that loses to the plain steps measured here
-        (then it waits for its probe); False: it must be tried (no prediction, or one that could win)."""
+        """Whether `choice`, untried here, starts from a prediction that loses clearly to the plain steps measured
+        here (then it waits for its probe); False: it must be tried (no prediction, or one that could win)."""
         if choice == PLAIN or lookahead < 1 or PLAIN not in b.speeds:
             return False
         size = bucket_of(batch_size)
@@ -265,7 +268,7 @@ class ModeChooser:
             return False
         nearest = min(measured, key=lambda s: abs(math.log2(s / size)))
         rate = batch_size * self.yield_per_seq[nearest] / seconds  # drafting left out: an optimistic speed
-        if rate >= b.speeds[PLAIN].tok_s:
+        if rate >= self.predict_margin * b.speeds[PLAIN].tok_s:
             return False
         self._add_speed(b, choice, (rate, seconds))
         b.since[choice] = 0

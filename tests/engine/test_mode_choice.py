@@ -287,6 +287,15 @@ def test_an_untried_bucket_where_a_free_draft_could_win_tries_speculation():
     assert chooser.num_predicted == 0
 
 
+def test_an_untried_bucket_whose_prediction_loses_by_less_than_the_lines_error_tries_speculation():
+    """The line through 1- and 5-token forwards can overprice a larger verify (AMX: flat to 16 rows); a prediction
+    8% under plain's speed is within that, so speculation is tried rather than left for a probe."""
+    chooser = _chooser_that_measured_batch_1()
+    chooser.record(16, PLAIN, 16 / 350, 16)  # 350 tok/s; speculation predicted at 323
+    assert chooser.choose(16, lookahead=4) == SPECULATE
+    assert chooser.num_predicted == 0
+
+
 def test_ssd_batches_also_weigh_speculating_as_plain_sd():
     chooser = ModeChooser(min_gap=4, explore=0.1, probe_steps=1)
     assert chooser.choose(1, CHOICES) == PLAIN
