@@ -2,20 +2,20 @@
 decode plainly, whichever the engine measured fastest.
 
 The engine times every decode step it takes and counts the tokens it committed. Per batch-size bucket (1, 2, 3-4,
-5-8, ...) the chooser keeps each choice's speed: its mean tokens per step over its last `token_window` steps among
-the bucket's last `token_horizon` (a speculative round's yield varies far more from round to round than its time,
-and a streak of poor rounds that made the chooser leave a choice must age out before its probes) over the median
-seconds of its last `window` steady steps; SSD and SD rounds share one yield (they draft alike, and measured apart
-at different times the text's drift would decide between them). It takes the fastest and probes the others now and
-then (a choice's speed drifts with the text and the load). The first step after a switch pays for the switch (a
-draft that sat out plain steps first catches up on every token it skipped; an SSD draft has no cache to answer
-from), so a probe runs up to `probe_steps` steps (fewer where its first rounds already leave it out of reach of the
-best) and only the later ones count as its speed; the first one counts only until a later one is measured (so a
-choice's first try runs to its second step at least, before another untried choice is tried). A probe of a slower
-choice costs time: its steady rounds' excess over what their tokens take at the best speed, and its switch: a fixed
-part and its draft's catch-up on the tokens it has not seen, fitted to the bucket's earlier switches (SwitchCost;
-until one is measured there, the dearest of other buckets' figures and what one more token adds to the target's
-forward; a plain probe's switch is the way back).
+5-8, ...) the chooser keeps each choice's speed: its mean tokens per step over its last `token_window` sequence-
+steps among the bucket's last `token_horizon` (a step of B sequences counts B; a speculative round's yield varies
+far more from round to round than its time, and a streak of poor rounds that made the chooser leave a choice must
+age out before its probes) over the median seconds of its last `window` steady steps; SSD and SD rounds share one
+yield (they draft alike, and measured apart at different times the text's drift would decide between them). It takes
+the fastest and probes the others now and then (a choice's speed drifts with the text and the load). The first step
+after a switch pays for the switch (a draft that sat out plain steps first catches up on every token it skipped; an
+SSD draft has no cache to answer from), so a probe runs up to `probe_steps` steps (fewer where its first rounds
+already leave it out of reach of the best) and only the later ones count as its speed; the first one counts only
+until a later one is measured (so a choice's first try runs to its second step at least, before another untried
+choice is tried). A probe of a slower choice costs time: its steady rounds' excess over what their tokens take at
+the best speed, and its switch: a fixed part and its draft's catch-up on the tokens it has not seen, fitted to the
+bucket's earlier switches (SwitchCost; until one is measured there, the dearest of other buckets' figures and what
+one more token adds to the target's forward; a plain probe's switch is the way back).
 Probes may take about `explore` of the decode time, shared among the slower choices: a choice is probed again once
 the steps since it last ran, at the best choice's time per step, come to its probe's expected cost (at the speeds
 measured) over its share. So a probe that would lose little returns after `min_gap` steps, one whose draft has a
@@ -60,13 +60,14 @@ def bucket_of(batch_size: int) -> int:
 
 @dataclass
 class _Speed:
-    """A choice's speed in a bucket: the mean tokens of its last steps over the median seconds of its last steady steps
-    (a switch's first step left out of the seconds). The tokens of a speculative round vary far more from round to
+    """A choice's speed in a bucket: the mean tokens of its last steps (each step's yield per sequence times the
+    bucket's size, so a batch that drained as requests finished compares with a full one) over the median seconds of
+    its last steady steps (a switch's settling steps left out of the seconds). The tokens of a speculative round vary far more from round to
     round than its time, so they are averaged over more steps. Until a steady step is measured, a prediction or a
     switch's step stands in (`provisional`)."""
 
     seconds: deque[float]  # of its last steady steps
-    tokens: deque[tuple[int, int]]  # (the bucket's step count, tokens) of its last steps
+    tokens: deque[tuple[int, float]]  # (the bucket's step count, tokens at a full bucket) of its last steps
     provisional: tuple[float, float] | None = None  # (tokens per second, seconds per step) standing in
 
     @property
@@ -125,10 +126,10 @@ class ModeChooser:
     predict_margin: float = 0.85  # an untried choice is tried unless its prediction is under this share of plain's
     explore: float = 0.03  # the share of decode time the probes of the slower choices may cost together
     window: int = 8  # steady steps a choice's time per step is measured over
-    token_window: int = 64  # steps a choice's tokens per step are measured over
-    token_horizon: int = 256  # ... among those of the bucket's last this many steps (at least a probe's worth)
+    token_window: int = 64  # sequence-steps a choice's tokens per step are measured over (this / B steps of B)
+    token_horizon: int = 256  # ... among the bucket's last this many sequence-steps (at least a probe's)
     buckets: dict[tuple[int, tuple[str, ...]], _Bucket] = field(default_factory=dict)  # (bucket, options) -> it
-    forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records its decode and verify forwards here
+    forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records decode and verify forwards
     yield_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> speculation's tokens per seq per round
     num_rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHOICES, 0))
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
@@ -151,7 +152,8 @@ class ModeChooser:
         top = b.speeds[best].tok_s
         probe = b.speeds[b.last] if b.last != best else None
         settling = b.run <= self._switch_steps(b.last, options)
-        if probe is not None and b.run < self.probe_steps and (settling or probe.could_reach(top, batch_size)):
+        reach = probe is not None and probe.could_reach(top, bucket_of(batch_size))
+        if probe is not None and b.run < self.probe_steps and (settling or reach):
             return b.last  # a probe goes on past its switch steps, and on unless its steady steps are hopeless
         share = self.explore / (len(options) - 1)
         due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen, share)]
@@ -172,21 +174,23 @@ class ModeChooser:
             b.switch = (choice, [seconds], unseen)
         elif not steady and b.switch is not None and b.switch[0] == choice:
             b.switch[1].append(seconds)
-        speed = b.speeds.get(choice) or self._add_speed(b, choice)
+        size = bucket_of(batch_size)
+        speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
         b.steps += 1
-        speed.tokens.append((b.steps, num_tokens))
+        full = num_tokens * size / batch_size  # its yield per sequence, at a full bucket (drained batches compare)
+        speed.tokens.append((b.steps, full))
         for other in b.speeds.values():
-            other.age_out(b.steps, self.token_horizon, self.probe_steps)
+            other.age_out(b.steps, max(self.probe_steps, self.token_horizon // size), self.probe_steps)
         if steady:
             speed.seconds.append(seconds)
             speed.provisional = None
         elif not speed.seconds and speed.provisional is None:  # nothing better known yet
-            speed.provisional = (num_tokens / seconds, seconds)
+            speed.provisional = (full / seconds, seconds)
         self._learn_switch_cost(b, options)
         for c in options:
             b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
         if choice != PLAIN:
-            size, per_seq = bucket_of(batch_size), num_tokens / batch_size
+            per_seq = num_tokens / batch_size
             old_yield = self.yield_per_seq.get(size)
             self.yield_per_seq[size] = per_seq if old_yield is None else 0.75 * old_yield + 0.25 * per_seq
         self.num_rounds[choice] += 1
@@ -200,13 +204,15 @@ class ModeChooser:
         4, 448 tokens: 26 ms, then 82 ms, against 30 ms a steady round), so SSD's first two rounds are its switch."""
         return 2 if choice == SPECULATE and SD in options else 1
 
-    def _add_speed(self, b: _Bucket, choice: str, provisional: tuple[float, float] | None = None) -> _Speed:
+    def _add_speed(self, b: _Bucket, choice: str, size: int,
+                   provisional: tuple[float, float] | None = None) -> _Speed:
         """A new choice's speed in bucket `b`. SSD rounds and SD rounds draft with the same draft and K, and what
         they yield depends on the text, which drifts: measured apart, an SD probe on easy text beat SSD's rounds on
         the harder text before it (SD took 231 rounds at 0.72x SSD's speed, docs/benchmarks.md 2026-12-07). So the
         two share one yield, that of the bucket's last speculative rounds of either kind, and differ by their time."""
         sibling = b.speeds.get(SD if choice == SPECULATE else SPECULATE) if choice != PLAIN else None
-        tokens = sibling.tokens if sibling is not None else deque(maxlen=self.token_window)
+        rounds = max(self.probe_steps, self.token_window // size)  # a batch's round averages its sequences
+        tokens = sibling.tokens if sibling is not None else deque(maxlen=rounds)
         b.speeds[choice] = _Speed(deque(maxlen=self.window), tokens, provisional)
         return b.speeds[choice]
 
@@ -267,10 +273,10 @@ class ModeChooser:
         if not measured or seconds is None:
             return False
         nearest = min(measured, key=lambda s: abs(math.log2(s / size)))
-        rate = batch_size * self.yield_per_seq[nearest] / seconds  # drafting left out: an optimistic speed
+        rate = size * self.yield_per_seq[nearest] / seconds  # drafting left out: an optimistic speed
         if rate >= self.predict_margin * b.speeds[PLAIN].tok_s:
             return False
-        self._add_speed(b, choice, (rate, seconds))
+        self._add_speed(b, choice, size, (rate, seconds))
         b.since[choice] = 0
         self.num_predicted += 1
         return True

@@ -220,6 +220,34 @@ def test_an_ssd_draft_that_catches_up_during_the_verify_settles_over_two_rounds(
     assert picks.count(SPECULATE) >= 450
 
 
+def test_a_batchs_yield_follows_the_text_within_as_many_sequence_steps_as_batch_1():
+    """Batch 4: 300 steps of hard text (5.25 tokens a round in 36 ms, 146 tok/s, under plain's 156), then easy text
+    (7 tokens, 194 tok/s). A round of 4 sequences averages 4 yields, so its window counts 16 rounds, not 64 (as many
+    sequence-steps as batch 1's), and the old text ages out 4 times sooner: speculation takes over sooner (183 of
+    the 250 easy steps with the window of batch 1)."""
+    chooser, picks = ModeChooser(), []
+    for step in range(550):
+        choice = chooser.choose(4, lookahead=4)
+        picks.append(choice)
+        tokens = [6, 7, 7, 8][step % 4] if step >= 300 else [4, 5, 6, 6][step % 4]
+        chooser.record(4, choice, *((4 / 156, 4) if choice == PLAIN else (0.036, tokens)))
+    assert picks[:300].count(SPECULATE) < 50 and picks[300:].count(SPECULATE) >= 200
+
+
+def test_a_draining_batch_is_weighed_per_sequence():
+    """Bucket 16 holds batches of 9 to 16 sequences: here 100 steps of 16, then 60 of 10 as requests finish, over and
+    over. Plain steps commit a token per sequence in 33 ms (485 tok/s at 16); speculative rounds 1.7 per sequence in
+    58 ms (469 tok/s at 16), never the faster. Counting each step's tokens as they came, plain steps measured while
+    the batch drained lost to rounds measured while it was full (667 rounds of 1600); per sequence, it is probed."""
+    chooser, picks = ModeChooser(), []
+    for step in range(1600):
+        batch = 16 if step % 160 < 100 else 10
+        choice = chooser.choose(batch, lookahead=4)
+        picks.append(choice)
+        chooser.record(batch, choice, *((0.033, batch) if choice == PLAIN else (0.058, round(1.7 * batch))))
+    assert picks.count(SPECULATE) <= 300
+
+
 def test_speculation_that_turns_faster_takes_over_again():
     chooser = ModeChooser(min_gap=2)
     chooser.record(1, PLAIN, 1.0, 30)
