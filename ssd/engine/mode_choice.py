@@ -61,10 +61,10 @@ def bucket_of(batch_size: int) -> int:
 @dataclass
 class _Speed:
     """A choice's speed in a bucket: the mean tokens of its last steps (each step's yield per sequence times the
-    bucket's size, so a batch that drained as requests finished compares with a full one) over the median seconds of
-    its last steady steps (a switch's settling steps left out of the seconds). The tokens of a speculative round vary far more from round to
-    round than its time, so they are averaged over more steps. Until a steady step is measured, a prediction or a
-    switch's step stands in (`provisional`)."""
+    bucket's size, so a batch that drained as requests finished compares with a full one) over the median
+    seconds of its last steady steps (a switch's settling steps left out of the seconds). The tokens of a
+    speculative round vary far more from round to round than its time, so they are averaged over more steps.
+    Until a steady step is measured, a prediction or a switch's step stands in (`provisional`)."""
 
     seconds: deque[float]  # of its last steady steps
     tokens: deque[tuple[int, float]]  # (the bucket's step count, tokens at a full bucket) of its last steps
@@ -87,6 +87,16 @@ class _Speed:
         if not self.seconds:
             return self.provisional[1] if self.provisional else 0.0
         return statistics.median(self.seconds)
+
+    def add(self, step: int, tokens: float, seconds: float, steady: bool) -> None:
+        """One step of this choice (the bucket's `step`-th) committed `tokens` in `seconds`; a switch's settling
+        step stands in for the time only while no steady step is known."""
+        self.tokens.append((step, tokens))
+        if steady:
+            self.seconds.append(seconds)
+            self.provisional = None
+        elif not self.seconds and self.provisional is None:
+            self.provisional = (tokens / seconds, seconds)
 
     def age_out(self, now: int, horizon: int, keep: int) -> None:
         """Forget the tokens of steps more than `horizon` bucket steps ago, but for its newest `keep`: a streak of
@@ -165,27 +175,17 @@ class ModeChooser:
         if seconds <= 0 or num_tokens <= 0:
             return
         b = self._bucket(batch_size, options)
-        prev = b.last
+        prev, size = b.last, bucket_of(batch_size)
         switched = prev is not None and choice != prev
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
         steady = prev is None or b.run > self._switch_steps(choice, options)
-        if switched and choice != PLAIN and unseen > 0:
-            b.switch = (choice, [seconds], unseen)
-        elif not steady and b.switch is not None and b.switch[0] == choice:
-            b.switch[1].append(seconds)
-        size = bucket_of(batch_size)
-        speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
+        self._track_switch(b, choice, seconds, unseen, switched, steady)
         b.steps += 1
-        full = num_tokens * size / batch_size  # its yield per sequence, at a full bucket (drained batches compare)
-        speed.tokens.append((b.steps, full))
+        speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
+        speed.add(b.steps, num_tokens * size / batch_size, seconds, steady)  # at a full bucket: drained ones compare
         for other in b.speeds.values():
             other.age_out(b.steps, max(self.probe_steps, self.token_horizon // size), self.probe_steps)
-        if steady:
-            speed.seconds.append(seconds)
-            speed.provisional = None
-        elif not speed.seconds and speed.provisional is None:  # nothing better known yet
-            speed.provisional = (full / seconds, seconds)
         self._learn_switch_cost(b, options)
         for c in options:
             b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
@@ -196,6 +196,14 @@ class ModeChooser:
         self.num_rounds[choice] += 1
         self.num_switches += self.last is not None and choice != self.last
         self.last = choice
+
+    @staticmethod
+    def _track_switch(b: _Bucket, choice: str, seconds: float, unseen: int, switched: bool, steady: bool) -> None:
+        """Keep the seconds of a switch to speculating while it settles, to learn its cost from once it has."""
+        if switched and choice != PLAIN and unseen > 0:
+            b.switch = (choice, [seconds], unseen)
+        elif not steady and b.switch is not None and b.switch[0] == choice:
+            b.switch[1].append(seconds)
 
     @staticmethod
     def _switch_steps(choice: str | None, options: tuple[str, ...]) -> int:
