@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SwitchCost:
+    """A bucket's last switches to one choice, and the line fitted to them."""
+
     samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=8))  # (unseen tokens, excess s)
     fixed_s: float = 0.0  # seconds every switch costs
     per_token_s: float = 0.0  # seconds each unseen token adds
