@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ssd.context import ForwardContext, ForwardMode
-from ssd.layers.attention import paged_attention as engine_paged_attention
+from ssd.layers.padded_attention import paged_attention as engine_paged_attention
 from ssd_kernels.paged_attention import paged_attention
 
 

@@ -3,7 +3,7 @@
 The cache is head-major, [2, KVH, num_slots, D] per layer, so gathering a batch's slots gives
 [KVH, B, S, D] blocks that batched matmuls read in place (a slot-major cache needed a transpose copy
 after the gather, which cost more than the gather itself at large batch). The forward context's backend
-(ssd/layers/attention_backend.py) runs the attention; `paged_attention` here is the plain-torch reference.
+(ssd/layers/attention_backend.py) runs the attention; ssd/layers/padded_attention.py is the plain-torch reference.
 Under torch.compile the layer calls the custom op `ssd::paged_attention`, opaque to the compiler: the
 compiled graph holds the linears, norms and RoPE, and attention reads the forward context eagerly.
 """
@@ -18,12 +18,12 @@ from torch import nn
 
 from ssd.context import get_forward_context
 from ssd.layers import cpu_kernels
-from ssd.layers.attention_backend import KEY_BUCKET, FewQueries, PaddedBatch, bucketed
+from ssd.layers.attention_backend import FewQueries
 
 if TYPE_CHECKING:
     from ssd.layers.rotary import RotaryEmbedding
 
-__all__ = ["KEY_BUCKET", "Attention", "bucketed", "paged_attention", "store_kv"]
+__all__ = ["Attention", "store_kv"]
 
 
 def store_kv(
@@ -43,56 +43,6 @@ def store_kv(
 
 def _heads_contiguous(t: torch.Tensor) -> bool:  # t [T, heads, D]: each token's heads side by side
     return t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
-
-
-# Up to this many queries per sequence (decode, verify, tree steps) plain matmuls beat torch's CPU
-# SDPA kernel by ~10x in bf16 (measured: B=8, S=300, Q=1: 0.36 ms vs 3.8 ms); prefill uses SDPA.
-MAX_MATMUL_QUERIES = 16
-
-
-def head_major_attention(
-    q: torch.Tensor,  # [B, Q, H, D]
-    k: torch.Tensor,  # [KVH, B, S, D]
-    v: torch.Tensor,  # [KVH, B, S, D]
-    mask: torch.Tensor | None,  # [B|1, 1, Q, S] bool, True = may attend
-    scale: float,
-) -> torch.Tensor:  # [B, Q, H, D]
-    """Grouped-query attention as two batched matmuls over (KVH, B); scores and softmax in float32.
-
-    Head-major keys make every [S, D] block contiguous, so the matmuls read them in place."""
-    b, nq, h, d = q.shape
-    kvh = k.shape[0]
-    g = h // kvh  # query heads per KV head; head i reads KV head i // g
-    qh = q.view(b, nq, kvh, g, d).permute(2, 0, 3, 1, 4).reshape(kvh, b, g * nq, d)  # [KVH, B, G*Q, D]
-    scores = (qh @ k.transpose(-1, -2)).float().view(kvh, b, g, nq, -1) * scale  # [KVH, B, G, Q, S]
-    if mask is not None:
-        scores = scores.masked_fill(~mask[None], float("-inf"))  # mask [1, B, 1, Q, S]
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(kvh, b, g * nq, -1)  # [KVH, B, G*Q, S]
-    out = (probs @ v).view(kvh, b, g, nq, d)  # [KVH, B, G, Q, D]
-    return out.permute(1, 3, 0, 2, 4).reshape(b, nq, h, d)
-
-
-def paged_attention(
-    q: torch.Tensor,  # [T, H, D]
-    kv_cache: torch.Tensor,  # [2, KVH, num_slots, D]
-    batch: PaddedBatch,
-    scale: float,
-) -> torch.Tensor:  # [T, H, D]
-    """Reference path: pad queries per sequence, gather each sequence's keys, one batched attention."""
-    num_seqs, num_keys = batch.kv_slots.shape
-    _, kvh, num_slots, d = kv_cache.shape
-    flat = kv_cache.view(2 * kvh, num_slots, d)  # gathering along dim 1 of a 3-D view is ~2x faster than of 4-D
-    kv = flat.index_select(1, batch.kv_slots.view(-1)).view(2, kvh, num_seqs, num_keys, d)  # [2, KVH, B, S, D]
-    uniform = batch.query_index is None
-    qp = q.view(num_seqs, -1, *q.shape[1:]) if uniform else q[batch.query_index]  # [B, Q, H, D]
-    if qp.shape[1] <= MAX_MATMUL_QUERIES:
-        out = head_major_attention(qp, kv[0], kv[1], batch.mask, scale)  # [B, Q, H, D]
-    else:
-        out = F.scaled_dot_product_attention(
-            qp.transpose(1, 2), kv[0].transpose(0, 1), kv[1].transpose(0, 1), attn_mask=batch.mask,
-            scale=scale, enable_gqa=qp.shape[2] != kvh,
-        ).transpose(1, 2)  # [B, Q, H, D]
-    return out.reshape(q.shape) if uniform else out[batch.token_batch, batch.token_offset]  # [T, H, D]
 
 
 _keys = itertools.count()

@@ -1,6 +1,7 @@
 """The attention backends and the one place that picks one (`select_attention_backend`).
 
-torch: the plain-torch reference (gather each sequence's keys, batched matmuls or SDPA), on every device.
+torch: the plain-torch reference (ssd/layers/padded_attention.py: gather each sequence's keys, batched matmuls or
+SDPA), on every device.
 cpu: the project's C++ layer op wherever a sequence brings up to MAX_MATMUL_QUERIES queries (keys read in place
 through their slots): decode and chain verify as they are, uneven batches and token trees with a key list per query
 row (query_rows.py); torch for prefill.
@@ -18,31 +19,20 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from ssd.config import ATTENTION_BACKENDS
 from ssd.context import ForwardContext
 from ssd.errors import InvalidRequestError
-from ssd.layers.mask_bits import mask_bits
+from ssd.layers.padded_attention import (
+    MAX_MATMUL_QUERIES,
+    PaddedBatch,
+    key_slots,
+    padded_batch,
+    paged_attention,
+    ragged_index,
+)
 from ssd.layers.query_rows import query_rows
-
-# Attention reads keys in multiples of this, the padding masked out. On CPU, oneDNN builds a new bf16
-# matmul primitive for every new key count (measured here: ~1.4 ms against ~0.08 ms for a reused one), and
-# a decoding sequence's key count grows every step: bucketed, a primitive is built once per 64 positions.
-KEY_BUCKET = 64
-
-
-def bucketed(num_keys: int) -> int:
-    """`num_keys` rounded up to a multiple of KEY_BUCKET (the key count attention reads)."""
-    return -(-num_keys // KEY_BUCKET) * KEY_BUCKET
-
-
-def ragged_index(lengths: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row b repeated lengths[b] times, and the index inside its row: both [total] (total = lengths.sum())."""
-    rows = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=total)
-    starts = torch.cumsum(lengths, 0) - lengths  # [B]
-    return rows, torch.arange(total, device=lengths.device) - starts[rows]
 
 
 class AttentionBackend(Protocol):
@@ -55,60 +45,6 @@ class AttentionBackend(Protocol):
         """q [T, H, D], kv_cache [2, KVH, num_slots, D] (new K/V already stored) -> [T, H, D]."""
 
 
-def key_slots(ctx: ForwardContext, num_keys: int) -> torch.Tensor:
-    """[B, S] int64, C-contiguous: the KV slot of key position s < S = num_keys of every sequence (past a
-    sequence's blocks: its last). On CPU with numpy over the block tables' memory: at a decode step the same
-    arithmetic as torch ops costs more in dispatch than in work."""
-    bs, tables = ctx.block_size, ctx.block_tables
-    if tables.device.type == "cpu":
-        key = np.arange(num_keys)  # [S]
-        block = np.minimum(key // bs, tables.shape[1] - 1)  # [S]
-        return torch.from_numpy(np.take(tables.numpy(), block, axis=1).astype(np.int64) * bs + key % bs)
-    key = torch.arange(num_keys, device=tables.device)  # [S]
-    block = (key // bs).clamp(max=tables.shape[1] - 1)
-    return tables[:, block].to(torch.int64) * bs + key % bs
-
-
-@dataclass(frozen=True)
-class PaddedBatch:
-    """The torch path's view of a forward: queries padded to [B, Q], keys gathered to [B, S], a dense mask."""
-
-    kv_slots: torch.Tensor  # [B, S] int64: KV slot of each key (S = bucketed max_seq_len; padding reads block 0)
-    mask: torch.Tensor  # [B, 1, Q, S] bool, True = may attend
-    query_index: torch.Tensor | None  # [B, Q] int64 flat row of each padded query; None when is_uniform
-    token_batch: torch.Tensor | None  # [T] int64 sequence of each flat row; None when is_uniform
-    token_offset: torch.Tensor | None  # [T] int64 column of each flat row in query_index; None when is_uniform
-
-
-def padded_batch(ctx: ForwardContext) -> PaddedBatch:
-    """Build the torch path's gather indices and mask from the kernel fields, with tensor ops on the device."""
-    dev = ctx.seq_lens.device
-    num_seqs, num_q, num_keys = ctx.seq_lens.numel(), ctx.max_query_len, bucketed(ctx.max_seq_len)
-    key = torch.arange(num_keys, device=dev)  # [S]
-    kv_slots = key_slots(ctx, num_keys)  # [B, S]
-    seq_lens = ctx.seq_lens.to(torch.int64)
-    col = torch.arange(num_q, device=dev)  # [Q]
-    if ctx.is_uniform and ctx.tree_mask is None:  # decode / equal verify: no padding rows, a few ops fewer
-        bound = (seq_lens - num_q)[:, None] + col[None, :] + 1  # [B, Q]: query i sees keys < bound
-        return PaddedBatch(kv_slots, (key < bound[:, :, None]).unsqueeze(1), None, None, None)
-    qsl = ctx.query_start_loc.to(torch.int64)
-    q_len = qsl[1:] - qsl[:-1]  # [B]
-    is_query = col[None, :] < q_len[:, None]  # [B, Q]: a real query, not padding
-    query_index = (qsl[:-1, None] + col[None, :]).clamp(max=ctx.num_tokens - 1)  # [B, Q]
-    if ctx.tree_mask is None:  # causal: query i sees keys < seq_len - q_len + i + 1
-        mask = key[None, None, :] < (seq_lens - q_len)[:, None, None] + col[None, :, None] + 1  # [B, Q, S]
-    else:
-        start = ctx.mask_start.to(torch.int64)[:, None, None]  # [B, 1, 1]
-        rel = (key[None, None, :] - start).clamp(min=0).expand(num_seqs, num_q, num_keys)  # [B, Q, S]
-        bits = mask_bits(ctx.tree_mask[query_index], rel)  # [B, Q, S]
-        mask = (key < start) | (bits & (key < seq_lens[:, None, None]))
-    mask = (mask & is_query[:, :, None]) | ((key == 0) & ~is_query[:, :, None])  # padding queries see key 0
-    if ctx.is_uniform:
-        return PaddedBatch(kv_slots, mask.unsqueeze(1), None, None, None)
-    token_batch, token_offset = ragged_index(q_len, ctx.num_tokens)  # [T] each
-    return PaddedBatch(kv_slots, mask.unsqueeze(1), query_index, token_batch, token_offset)
-
-
 class TorchBackend:
     name = "torch"
 
@@ -116,8 +52,6 @@ class TorchBackend:
         return padded_batch(ctx)
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: ForwardContext, scale: float) -> torch.Tensor:
-        from ssd.layers.attention import paged_attention
-
         return paged_attention(q, kv_cache, ctx.attn_metadata, scale)
 
 
@@ -141,7 +75,6 @@ class CpuBackend:
 
     def prepare(self, ctx: ForwardContext) -> FewQueries | PaddedBatch:
         from ssd.layers import cpu_kernels
-        from ssd.layers.attention import MAX_MATMUL_QUERIES
 
         if ctx.max_query_len > MAX_MATMUL_QUERIES or not cpu_kernels.layer_ops_enabled():
             return self.fallback.prepare(ctx)

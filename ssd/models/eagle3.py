@@ -20,9 +20,9 @@ from torch import nn
 
 from ssd.errors import CheckpointError
 from ssd.layers import cpu_kernels
-from ssd.layers.attention import MAX_MATMUL_QUERIES, bucketed, head_major_attention
 from ssd.layers.linear import pack_float, packed_linear
 from ssd.layers.norm import RMSNorm
+from ssd.layers.padded_attention import MAX_MATMUL_QUERIES, bucketed, head_major_attention
 from ssd.layers.rotary import get_rope
 from ssd.model_config import ModelConfig, RopeConfig, _rope_from
 

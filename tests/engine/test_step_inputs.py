@@ -8,15 +8,9 @@ import torch
 from ssd.config import EngineConfig
 from ssd.context import ForwardMode
 from ssd.errors import InvalidRequestError
-from ssd.layers.attention_backend import (
-    CpuBackend,
-    FewQueries,
-    TorchBackend,
-    bucketed,
-    padded_batch,
-    select_attention_backend,
-)
+from ssd.layers.attention_backend import CpuBackend, FewQueries, TorchBackend, select_attention_backend
 from ssd.layers.mask_bits import mask_bits, pack_mask
+from ssd.layers.padded_attention import bucketed, padded_batch
 from ssd.runtime.step_inputs import ForwardItem, StepInputs
 from ssd.speculation.tree_mask import branch_mask
 

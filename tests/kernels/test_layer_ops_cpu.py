@@ -7,8 +7,9 @@ import torch
 
 from ssd.layers import cpu_kernels
 from ssd.layers.activation import SiluAndMul
-from ssd.layers.attention import head_major_attention, store_kv
+from ssd.layers.attention import store_kv
 from ssd.layers.norm import RMSNorm
+from ssd.layers.padded_attention import head_major_attention
 from ssd.layers.rotary import RotaryEmbedding
 from ssd.model_config import RopeConfig
 

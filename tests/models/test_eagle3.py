@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ssd.errors import CheckpointError
-from ssd.layers.attention import KEY_BUCKET
+from ssd.layers.padded_attention import KEY_BUCKET
 from ssd.loader.eagle3_checkpoint import load_eagle3_head, save_eagle3_head
 from ssd.model_config import RopeConfig
 from ssd.models.eagle3 import Eagle3Config, Eagle3Head, HeadKVCache, default_aux_layers
