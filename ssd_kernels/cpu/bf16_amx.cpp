@@ -45,20 +45,13 @@ struct alignas(64) TileConfig {
   }
 };
 
-struct AmxOperands {
-  const uint16_t* blocks;  // [N / 16, K / 2, 32]
-  const uint16_t* x;       // [M, K]
-  uint16_t* y;             // [M, N] bfloat16
-  int64_t K, N;
-};
-
 #define SSD_TILE_STEP(c, b, ptr)                     \
   _tile_loadd(b, ptr, 64);                           \
   _tile_dpbf16ps(c, 4, b);
 
 // Rows m0 .. m0 + rows - 1 of x (rows as configured) times blocks b0 .. b0 + FB - 1.
 template <int FB>
-SSD_TARGET_AMX void unit_tiles(const AmxOperands& o, int64_t b0, int64_t m0, int64_t rows) {
+SSD_TARGET_AMX void unit_tiles(const Bf16Operands& o, int64_t b0, int64_t m0, int64_t rows) {
   const int64_t pairs = o.K / 2, chunks = o.K / kChunk;
   const uint16_t* w[FB];
   for (int b = 0; b < FB; ++b) w[b] = o.blocks + (b0 + b) * pairs * 32;
@@ -89,7 +82,7 @@ SSD_TARGET_AMX void unit_tiles(const AmxOperands& o, int64_t b0, int64_t m0, int
 
 #undef SSD_TILE_STEP
 
-using UnitFn = void (*)(const AmxOperands&, int64_t, int64_t, int64_t);
+using UnitFn = void (*)(const Bf16Operands&, int64_t, int64_t, int64_t);
 const UnitFn kUnits[4] = {unit_tiles<1>, unit_tiles<2>, unit_tiles<3>, unit_tiles<4>};
 
 SSD_TARGET_AMX void configure_tiles(int64_t rows) {
@@ -118,17 +111,8 @@ bool amx_bf16_ready() {
   return ready;
 }
 
-// x [M, K] bfloat16 (K a multiple of 32), blocks [N / 16, K / 2, 32] bfloat16 -> [M, N] bfloat16.
-torch::Tensor bf16_gemm_amx(const torch::Tensor& x, const torch::Tensor& blocks) {
-  TORCH_CHECK(amx_bf16_ready(), "bf16_gemm_amx: this CPU (or its OS) runs no AMX-BF16");
-  TORCH_CHECK(x.size(1) % kChunk == 0, "bf16_gemm_amx: K must be a multiple of 32");
-  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0) * kBlock;
-  const torch::Tensor xc = x.contiguous();
-  torch::Tensor y = torch::empty({M, N}, x.options());
-  const AmxOperands o{reinterpret_cast<const uint16_t*>(blocks.data_ptr<at::BFloat16>()),
-                      reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()),
-                      reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), K, N};
-  const int64_t num_blocks = N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
+void bf16_gemm_amx(const Bf16Operands& o, int64_t M) {
+  const int64_t num_blocks = o.N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
   at::parallel_for(0, num_units, 4, [&](int64_t begin, int64_t end) {
     int64_t configured = 0;  // the rows the tiles are configured for (per thread)
     for (int64_t u = begin; u < end; ++u) {
@@ -141,7 +125,6 @@ torch::Tensor bf16_gemm_amx(const torch::Tensor& x, const torch::Tensor& blocks)
     }
     if (configured) release_tiles();
   });
-  return y;
 }
 
 }  // namespace ssd_cpu

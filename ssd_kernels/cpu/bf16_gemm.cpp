@@ -22,13 +22,6 @@ constexpr int64_t kUnit = 4;    // blocks per unit
 // alone kept 4 block streams at ~24 GB/s, with it ~28 (Zen 4, one thread); at 4 rows 9% faster, at 8 the same.
 constexpr int64_t kAheadPairs = 16;
 
-struct Bf16Operands {
-  const uint16_t* blocks;  // [N / 16, K / 2, 32]
-  const uint16_t* x;       // [M, K]
-  uint16_t* y;             // [M, N] bfloat16
-  int64_t K, N;
-};
-
 #define SSD_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
 // Rows m0 .. m0 + RB - 1 of x times blocks b0 .. b0 + FB - 1.
@@ -79,13 +72,17 @@ torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int
   TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(), "bf16_gemm: CPU tensors only");
   TORCH_CHECK(path == kBf16Dot512 || path == kAmxBf16, "bf16_gemm: the path is AVX512-BF16 (8) or AMX-BF16 (16)");
   TORCH_CHECK(supported_paths() & path, "bf16_gemm: this CPU does not run path ", path);
-  if (path == kAmxBf16) return bf16_gemm_amx(x, blocks);
+  TORCH_CHECK(path != kAmxBf16 || x.size(1) % 32 == 0, "bf16_gemm: the AMX path needs K a multiple of 32");
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0) * kBlock;
   const torch::Tensor xc = x.contiguous();
   torch::Tensor y = torch::empty({M, N}, x.options());
   const Bf16Operands o{reinterpret_cast<const uint16_t*>(blocks.data_ptr<at::BFloat16>()),
                        reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()),
                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), K, N};
+  if (path == kAmxBf16) {
+    bf16_gemm_amx(o, M);
+    return y;
+  }
   const int64_t num_blocks = N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
   at::parallel_for(0, num_units, 4, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {

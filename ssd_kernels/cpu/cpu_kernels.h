@@ -46,7 +46,15 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& blocks, con
 torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
 torch::Tensor dense_gemm(const torch::Tensor& x, const torch::Tensor& weight, int64_t path);
 torch::Tensor bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
-torch::Tensor bf16_gemm_amx(const torch::Tensor& x, const torch::Tensor& blocks);
+// The bfloat16 GEMM's operands: x [M, K] and y [M, N] row-major, the weight in blocks [N / 16, K / 2, 32].
+struct Bf16Operands {
+  const uint16_t* blocks;  // [N / 16, K / 2, 32]
+  const uint16_t* x;       // [M, K]
+  uint16_t* y;             // [M, N] bfloat16
+  int64_t K, N;
+};
+// y = x W on AMX tiles for M rows (bf16_amx.cpp; K a multiple of 32, the CPU's tiles ready: bf16_gemm checks both).
+void bf16_gemm_amx(const Bf16Operands& o, int64_t M);
 torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
 std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,

@@ -27,7 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release_gil());
   m.def("dense_gemm", &ssd_cpu::dense_gemm, "y = x @ w.T for a float32 weight [N, K] (see dense_gemm.cpp)",
         release_gil());
-  m.def("bf16_gemm", &ssd_cpu::bf16_gemm, "y = x @ w.T for a bfloat16 weight in blocks, by path: AVX512-BF16 or AMX-BF16 (see bf16_gemm.cpp)",
+  m.def("bf16_gemm", &ssd_cpu::bf16_gemm,
+        "y = x @ w.T for a bfloat16 weight in blocks, by path: AVX512-BF16 or AMX-BF16 (see bf16_gemm.cpp)",
         release_gil());
   m.def("int4_bf16_gemm", &ssd_cpu::int4_bf16_gemm,
         "y = x @ w.T for a group-32 int4 weight in blocks and bfloat16 x (see int4_bf16_gemm.cpp)", release_gil());
