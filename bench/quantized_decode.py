@@ -11,7 +11,8 @@ its LM head on the float weight rather than the checkpoint's Q8_0 blocks, `/op-b
 each decoder layer run op by op instead of as one fused call (ssd/layers/fused_layer.py), `/layer-calls` with each
 fused layer its own call instead of the whole stack as one (ssd/layers/fused_stack.py), `/onednn` with the float
 linears on oneDNN's packed GEMM instead of the own float kernels (ssd_kernels/cpu/bf16_gemm, dense_gemm), `/no-amx`
-with the own bfloat16 kernel on its AVX512-BF16 loop where the CPU has AMX-BF16 (the default there: AMX tiles); e.g.
+with the own bfloat16 and quantized kernels on their AVX512-BF16 loops where the CPU has AMX-BF16 (the default there:
+AMX tiles, for the quantized kernels from batch 3 on: each batch size gets engines of that max_num_seqs); e.g.
 
     python -m bench.quantized_decode speed --configs bf16,int4-own-fp32,int4-own-fp32/torch-ops/float-head
 """
@@ -56,12 +57,14 @@ def _speed_config(name: str) -> tuple[str, str, list[str]]:
     return *found, variants
 
 
-def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int) -> LLM:
+def _speed_llm(args: argparse.Namespace, name: str, dtype: str, quantization: str, threads: int, batch: int) -> LLM:
+    """One config's engine for decode batches of `batch` (its max_num_seqs: the quantized kernels choose their path by
+    the rows a decode forward carries, ssd/layers/cpu_kernels.py `quantized_bf16_path`)."""
     from ssd.layers.quantized_linear import Int4Kernel, Int4Matmul
 
     variants = name.split("/")
     cpu_kernels.set_own_float_kernels("onednn" not in variants, "no-amx" not in variants)  # read at packing
-    llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=8,
+    llm = LLM(args.model, dtype=dtype, quantization=quantization, num_threads=threads, max_num_seqs=batch,
               enable_prefix_caching=False,  # the timed run must prefill again, as the first did
               kv_cache_memory_mb=256)  # 8 x 64 tokens need ~20 MB; several engines live in this one process
     cpu_kernels.set_own_float_kernels(True)
@@ -99,9 +102,9 @@ def speed(args: argparse.Namespace) -> dict:
     for threads in args.threads:
         torch.set_num_threads(threads)
         configs = {name: _speed_config(name) for name in dict.fromkeys(["bf16", *args.configs])}
-        llms = {name: _speed_llm(args, name, dtype, q, threads) for name, (dtype, q, _) in configs.items()}
-        encoded = render_prompts(llms["bf16"], prompts)
         for batch in args.batch:
+            llms = {name: _speed_llm(args, name, dtype, q, threads, batch) for name, (dtype, q, _) in configs.items()}
+            encoded = render_prompts(llms["bf16"], prompts)
             best = dict.fromkeys(llms, 0.0)
             for _ in range(args.rounds):
                 for name, llm in llms.items():
@@ -112,7 +115,7 @@ def speed(args: argparse.Namespace) -> dict:
             row |= {f"{k}_vs_bf16": round(v / best["bf16"], 2) for k, v in best.items()}
             print(json.dumps(row), flush=True)
             rows.append(row)
-        del llms
+            del llms
     return {"speed": rows}
 
 

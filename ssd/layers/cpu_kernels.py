@@ -6,10 +6,12 @@ computes the checkpoint's weights exactly, for up to MAX_ROWS rows of x. Its flo
 float32 accumulation; equal to the dequantizing reference within float32 rounding) serves every dtype; asked for
 int8 activations (Int4Kernel.OWN_INT8), 16-bit activations run its VNNI path where the CPU has one (rounded to
 int8 in groups of 32, as llama.cpp does). bfloat16 activations on AVX512-BF16 run a second int4 kernel of their own
-layout (`int4_bf16_layout`: 16 output features per vector, the codes as exact bfloat16 numbers, vdpbf16ps).
-Which layers use it: Int4Kernel in ssd/layers/quantized_linear.py.
+layout (`int4_bf16_layout`: 16 output features per vector, the codes as exact bfloat16 numbers, vdpbf16ps), or on
+an AMX-BF16 CPU whose engine decodes 3 or more sequences a step the same blocks as AMX tiles of the weights
+dequantized to bfloat16 (`quantized_bf16_path`, `decode_batch`). Which layers use it: Int4Kernel in
+ssd/layers/quantized_linear.py.
 q8: group-32 int8 weights with fp16 scales (the GGUF's own Q8_0 LM head), float path, and for bfloat16 activations on
-AVX512-BF16 a kernel of the int4 bfloat16 kernel's kind (`q8_bf16_layout`); ParallelLMHead uses them.
+AVX512-BF16 a kernel of the int4 bfloat16 kernel's kind and paths (`q8_bf16_layout`); ParallelLMHead uses them.
 Float weights (`own_matmul_for`): bfloat16 in the bf16 kernel's blocks on AVX512-BF16 (any number of rows; read as
 AMX tiles where the CPU has AMX-BF16, unless SSD_CPU_AMX=0: up to 16 rows for one row's time), float32 as it is on
 AVX2 / AVX-512 (up to MAX_ROWS rows); every float linear layer, LM head and EAGLE-3 head linear uses them where
@@ -23,7 +25,8 @@ Where the extension cannot be built, one warning is logged and the caller keeps 
 import enum
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -87,25 +90,30 @@ def int4_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
     return own.pack_q32(q, *scales)
 
 
-def int4_bf16_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
-    """The blocks of the int4 kernel for bfloat16 activations (as `int4_layout`'s arguments); None where it cannot
-    hold them exactly or this CPU has no AVX512-BF16 (or no build)."""
+def int4_bf16_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
+                     q: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(blocks, path) of the int4 kernel for bfloat16 activations (as `int4_layout`'s arguments): the path is
+    `quantized_bf16_path`'s where its tiles compute every w = q d + m in one rounding, else BF16_AVX512; None where the
+    kernel cannot hold the weight exactly or this CPU has no AVX512-BF16 (or no build)."""
     scales = _q32_scales(weight_scales, weight_zeros, q)
     if scales is None or q.shape[0] % own_bf16.BLOCK or not _runs_bf16_kernels():
         return None
-    return own_bf16.pack_q32_bf16(q, *scales)
+    path = quantized_bf16_path()
+    if path == own_ext.AMX_BF16 and not own_bf16.tiles_exact(*scales):
+        path = own_ext.BF16_AVX512
+    return own_bf16.pack_q32_bf16(q, *scales), path
 
 
-def _blocks_op(name: str, block: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The custom op `ssd::<name>` over the extension's `name(x, blocks)` (blocks of `block` output features), for
-    torch.compile: graphs call the op, eager calls the extension directly (the op's dispatch costs)."""
+def _blocks_op(name: str, block: int) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    """The custom op `ssd::<name>` over the extension's `name(x, blocks, path)` (blocks of `block` output features),
+    for torch.compile: graphs call the op, eager calls the extension directly (the op's dispatch costs)."""
 
     @torch.library.custom_op(f"ssd::{name}", mutates_args=())
-    def op(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-        return getattr(extension(), name)(x, blocks)
+    def op(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
+        return getattr(extension(), name)(x, blocks, path)
 
     @op.register_fake
-    def _(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    def _(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], blocks.shape[0] * block)
 
     return op
@@ -115,17 +123,18 @@ _int4_bf16_op = _blocks_op("int4_bf16_gemm", own_bf16.BLOCK)
 _q8_bf16_op = _blocks_op("q8_bf16_gemm", q8_bf16_gemm.BLOCK)
 
 
-def int4_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16 for blocks made by `int4_bf16_layout` (so the extension built)."""
+def int4_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16 for (blocks, path) made by `int4_bf16_layout` (so the extension
+    built)."""
     if torch.compiler.is_compiling():
-        return _int4_bf16_op(x, blocks)
-    return extension().int4_bf16_gemm(x, blocks)  # type: ignore[union-attr]
+        return _int4_bf16_op(x, blocks, path)
+    return extension().int4_bf16_gemm(x, blocks, path)  # type: ignore[union-attr]
 
 
-def int4_bf16_call(blocks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def int4_bf16_call(blocks: torch.Tensor, path: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """`int4_bf16_matmul` for eager calls, with the extension looked up once."""
     gemm = extension().int4_bf16_gemm  # type: ignore[union-attr]
-    return lambda x: gemm(x, blocks)
+    return lambda x: gemm(x, blocks, path)
 
 
 @cache
@@ -187,19 +196,20 @@ def q8_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     return q8_gemm.pack_q8(codes, scales.float()) if _q8_holds(codes, scales, q8_gemm.TILE) else None
 
 
-def q8_bf16_layout(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
-    """The q8 bfloat16 kernel's blocks for codes [N, K] int8 and scales [N, K / 32]; None where it cannot hold them
-    exactly (other shapes, non-fp16 scales), this CPU has no AVX512-BF16, or the extension cannot be built here."""
+def q8_bf16_layout(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(blocks, path) of the q8 bfloat16 kernel for codes [N, K] int8 and scales [N, K / 32] (the path:
+    `quantized_bf16_path`'s; its tiles hold q d exactly); None where it cannot hold them exactly (other shapes,
+    non-fp16 scales), this CPU has no AVX512-BF16, or the extension cannot be built here."""
     if not (_q8_holds(codes, scales, q8_bf16_gemm.BLOCK) and _runs_bf16_kernels()):
         return None
-    return q8_bf16_gemm.pack_q8_bf16(codes, scales.float())
+    return q8_bf16_gemm.pack_q8_bf16(codes, scales.float()), quantized_bf16_path()
 
 
-def q8_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, for blocks made by `q8_bf16_layout`."""
+def q8_bf16_matmul(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, for (blocks, path) made by `q8_bf16_layout`."""
     if torch.compiler.is_compiling():
-        return _q8_bf16_op(x, blocks)
-    return extension().q8_bf16_gemm(x, blocks)  # type: ignore[union-attr]
+        return _q8_bf16_op(x, blocks, path)
+    return extension().q8_bf16_gemm(x, blocks, path)  # type: ignore[union-attr]
 
 
 def q8_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -229,10 +239,34 @@ def _amx_allowed() -> bool:
     return _own_float["amx"] and os.environ.get(AMX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def set_own_float_kernels(enabled: bool, amx: bool = True) -> None:
-    """Whether float linear layers packed from now on (`_Linear.pack`) use the own float kernels (the default) or
-    oneDNN's packed GEMM, and whether bfloat16 ones take the AMX path where the CPU has it (benchmarks compare them)."""
-    _own_float["enabled"], _own_float["amx"] = enabled, amx
+# The fewest sequences per decode step for which the quantized kernels take AMX tiles: the tiles dequantize every
+# weight to bfloat16 (~9 vector operations per 32 weights), which costs ~1.8x the AVX512-BF16 loop at one row and
+# wins from ~3 rows on (Sapphire Rapids, docs/benchmarks.md). A model keeps one path for all its row counts (the
+# two round differently), so the engine's batch limit decides: its plain steps and verifies then share the path,
+# and an engine that decodes one sequence at a time keeps the loop that is fastest for one row.
+TILES_FROM_SEQUENCES = 3
+_batch = {"most": None}  # max_num_seqs of the engine whose model is being loaded (None: unknown)
+
+
+@contextmanager
+def decode_batch(most: int | None) -> Iterator[None]:
+    """While loading a model: its engine decodes at most `most` sequences per step; the quantized kernels choose
+    their path by it (`quantized_bf16_path`)."""
+    before, _batch["most"] = _batch["most"], most
+    try:
+        yield
+    finally:
+        _batch["most"] = before
+
+
+def quantized_bf16_path() -> int:
+    """The path of the group-32 quantized kernels for bfloat16 activations (int4, Q8_0) packed now: AMX_BF16 where
+    the CPU has it, AMX is allowed (`_amx_allowed`) and the engine decodes TILES_FROM_SEQUENCES sequences or more per
+    step (`decode_batch`; unknown counts as more), else BF16_AVX512 (the caller checked that one runs)."""
+    ext = extension()
+    amx = ext is not None and own_ext.AMX_BF16 in own_ext.supported_paths(ext) and _amx_allowed()
+    few = _batch["most"] is not None and _batch["most"] < TILES_FROM_SEQUENCES
+    return own_ext.AMX_BF16 if amx and not few else own_ext.BF16_AVX512
 
 
 @dataclass(frozen=True)

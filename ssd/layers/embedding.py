@@ -44,6 +44,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None
     q8_blocks: torch.Tensor | None = None  # [V / size / 4, d / 32, 136]: this rank's rows in the q8 kernel's layout
     q8_bf16_blocks: torch.Tensor | None = None  # [V / size / 16, d / 32, 544]: in the q8 bfloat16 kernel's layout
+    q8_bf16_path = 0  # the path of its kernel (BF16_AVX512 or AMX_BF16)
     own: cpu_kernels.OwnMatmul | None = None  # the own float kernel (set by `pack`)
 
     def pack(self) -> None:
@@ -62,7 +63,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.weight.device.type != "cpu":
             return False
         if self.weight.dtype == torch.bfloat16:  # bfloat16 hidden states: the bfloat16 kernel, where the CPU has it
-            self.q8_bf16_blocks = cpu_kernels.q8_bf16_layout(codes, scales)
+            self.q8_bf16_blocks, self.q8_bf16_path = cpu_kernels.q8_bf16_layout(codes, scales) or (None, 0)
         if self.q8_bf16_blocks is None:
             self.q8_blocks = cpu_kernels.q8_layout(codes, scales)
         return self.q8_blocks is not None or self.q8_bf16_blocks is not None
@@ -70,7 +71,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, V] float32
         few_rows = hidden.shape[0] <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu"
         if self.q8_bf16_blocks is not None and few_rows and hidden.dtype == torch.bfloat16:
-            logits = cpu_kernels.q8_bf16_matmul(hidden, self.q8_bf16_blocks)  # [N, V / size]
+            logits = cpu_kernels.q8_bf16_matmul(hidden, self.q8_bf16_blocks, self.q8_bf16_path)  # [N, V / size]
         elif self.q8_blocks is not None and few_rows:
             logits = cpu_kernels.q8_matmul(hidden, self.q8_blocks)  # [N, V / size]
         else:

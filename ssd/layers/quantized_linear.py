@@ -19,6 +19,7 @@ from torch import nn
 
 from ssd.layers import cpu_kernels
 from ssd.quantized_weights import Int4Weight, Int8Weight, unpack_int4_codes
+from ssd_kernels.cpu.extension import AMX_BF16
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +57,8 @@ class Int4Matmul(nn.Module):
         self.register_buffer("own_blocks", None if own is None else own[0], persistent=False)  # [N / 4, K / 64, 144]
         self.register_buffer("own_mins", None if own is None else own[1], persistent=False)  # [N, K / 32] fp16 bits
         own_bf16 = _own_bf16_layout(weight) if own is not None and dtype == torch.bfloat16 else None
-        self.register_buffer("own_bf16_blocks", own_bf16, persistent=False)  # [N / 16, K / 32, 320] or None
+        self.register_buffer("own_bf16_blocks", None if own_bf16 is None else own_bf16[0], persistent=False)
+        self.own_bf16_path = 0 if own_bf16 is None else own_bf16[1]  # its blocks [N / 16, K / 32, 320]: their path
         self._own_calls: dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor] | None] = {}  # eager, per dtype
         self.kernel_choice = Int4Kernel.AUTO
         self._repack()
@@ -117,7 +119,7 @@ class Int4Matmul(nn.Module):
         if not self.runs_own_kernel(dtype):
             return None
         if self._runs_bf16_kernel(dtype):
-            return cpu_kernels.int4_bf16_call(self.own_bf16_blocks)
+            return cpu_kernels.int4_bf16_call(self.own_bf16_blocks, self.own_bf16_path)
         return cpu_kernels.int4_call(self.own_blocks, self.own_mins, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def cpu_op(self, dtype: torch.dtype, few_rows: bool) -> tuple[cpu_kernels.LinearKind, torch.Tensor,
@@ -126,7 +128,7 @@ class Int4Matmul(nn.Module):
         `dtype` with up to (`few_rows`) or more than cpu_kernels.MAX_ROWS rows; None where forward dequantizes."""
         ext = cpu_kernels.extension()
         if ext is not None and self._runs_bf16_kernel(dtype):
-            return cpu_kernels.LinearKind.INT4_BF16, self.own_bf16_blocks, None, 0
+            return cpu_kernels.LinearKind.INT4_BF16, self.own_bf16_blocks, None, self.own_bf16_path
         if few_rows and ext is not None and self.runs_own_kernel(dtype):
             path = cpu_kernels.path_for(ext, dtype, self.kernel_choice == Int4Kernel.OWN_INT8)
             return cpu_kernels.LinearKind.INT4_OWN, self.own_blocks, self.own_mins, path
@@ -137,7 +139,7 @@ class Int4Matmul(nn.Module):
 
     def own_kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         if self._runs_bf16_kernel(x.dtype):
-            return cpu_kernels.int4_bf16_matmul(x, self.own_bf16_blocks)
+            return cpu_kernels.int4_bf16_matmul(x, self.own_bf16_blocks, self.own_bf16_path)
         return cpu_kernels.int4_matmul(x, self.own_blocks, self.own_mins, self.kernel_choice == Int4Kernel.OWN_INT8)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
@@ -154,7 +156,8 @@ class Int4Matmul(nn.Module):
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
         if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
-            bf16 = ", bfloat16 kernel" if self.own_bf16_blocks is not None else ""
+            tiles = " on AMX tiles" if self.own_bf16_path == AMX_BF16 else ""
+            bf16 = f", bfloat16 kernel{tiles}" if self.own_bf16_blocks is not None else ""
             kernel = f"own ({self.kernel_choice.value}{bf16}) up to {cpu_kernels.MAX_ROWS} rows (bfloat16: all), else {kernel}"
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, kernel={kernel}"
 
@@ -208,8 +211,9 @@ def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:
     return layout
 
 
-def _own_bf16_layout(weight: Int4Weight) -> torch.Tensor | None:
-    """The own bfloat16-activation kernel's blocks of `weight`; None where it cannot hold it or this CPU lacks it."""
+def _own_bf16_layout(weight: Int4Weight) -> tuple[torch.Tensor, int] | None:
+    """The own bfloat16-activation kernel's (blocks, path) for `weight`; None where it cannot hold it or this CPU
+    lacks it."""
     if weight.group_size != 32:
         return None
     return cpu_kernels.int4_bf16_layout(weight.scales, weight.zeros, weight.unpacked())

@@ -19,6 +19,7 @@ from ssd.distributed import WHOLE, TensorParallel, tensor_parallel
 from ssd.dtypes import parse_dtype
 from ssd.kv.block_manager import BlockManager
 from ssd.kv.kv_cache import KVCacheShape, allocate_kv_cache
+from ssd.layers import cpu_kernels
 from ssd.layers.attention_backend import select_attention_backend
 from ssd.layers.linear import pack_linear_weights
 from ssd.loader.model_loader import load_quantized_model
@@ -48,13 +49,14 @@ class ModelWorker:
         attention_backend: str = "auto",
         compile: str = "auto",
         enforce_eager: bool = False,
+        max_num_seqs: int | None = None,
     ) -> None:
         started = time.perf_counter()
         self.path = path
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype, self.device)  # "auto": bfloat16 where the device runs it natively
         self.tp = tp
-        with tensor_parallel(tp):
+        with tensor_parallel(tp), cpu_kernels.decode_batch(max_num_seqs):  # the quantized kernels' path: by it
             self.model, self.model_config, self.quantization = load_quantized_model(path, self.dtype, quantization)
         self.model.to(self.device)  # a no-op on CPU
         self.is_compiled = resolve_compile(compile, self.device, enforce_eager, tp.size)
@@ -90,7 +92,7 @@ class ModelWorker:
         return cls(path, config.dtype, config.block_size, config.kv_cache_memory_mb, config.linear_backend,
                    config.enable_prefix_caching, device, tp=tp, quantization=config.quantization,
                    attention_backend=config.attention_backend, compile=config.compile,
-                   enforce_eager=config.enforce_eager)
+                   enforce_eager=config.enforce_eager, max_num_seqs=config.max_num_seqs)
 
     def input_embedding(self) -> torch.Tensor:
         """The whole input embedding [V, d] (an EAGLE-3 head reads it); a sharded worker reads it from disk."""

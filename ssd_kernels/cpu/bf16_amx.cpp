@@ -106,6 +106,10 @@ bool os_allows_amx() {
 
 }  // namespace
 
+void amx_configure(int64_t rows) { configure_tiles(rows); }
+
+void amx_release() { release_tiles(); }
+
 bool amx_bf16_ready() {
   static const bool ready = os_allows_amx();
   return ready;
@@ -119,11 +123,11 @@ void bf16_gemm_amx(const Bf16Operands& o, int64_t M) {
       const int64_t b0 = u * kUnit, fb = std::min<int64_t>(kUnit, num_blocks - b0);
       for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
         const int64_t rows = std::min<int64_t>(kTileRows, M - m0);
-        if (rows != configured) configure_tiles(configured = rows);
+        if (rows != configured) amx_configure(configured = rows);
         kUnits[fb - 1](o, b0, m0, rows);
       }
     }
-    if (configured) release_tiles();
+    if (configured) amx_release();
   });
 }
 

@@ -146,30 +146,5 @@ inline void group_sums(const uint16_t* x, int64_t M, int64_t K, float* xsum) {
     }
 }
 
-// y = x @ w.T for blocks [N / 16, K / 32, Format::kGroupBytes] uint8 and x [M, K] bfloat16 -> [M, N] bfloat16.
-template <class Format>
-torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& blocks, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3 && blocks.size(2) == Format::kGroupBytes && x.size(1) % kGroup == 0 &&
-                  blocks.size(1) * kGroup == x.size(1),
-              name, ": x [M, K] with K a multiple of 32, blocks [N/16, K/32, ", Format::kGroupBytes, "]");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
-              name, ": bfloat16 x and contiguous uint8 blocks");
-  TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(), name, ": CPU tensors only");
-  TORCH_CHECK(supported_paths() & kBf16Dot512, name, ": this CPU has no AVX512-BF16");
-  const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, N = blocks.size(0) * kBlock;
-  const torch::Tensor xc = x.contiguous();
-  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  torch::Tensor xsum;
-  if (Format::kNeedsSums) {
-    xsum = torch::empty({M, G}, x.options().dtype(at::kFloat));
-    group_sums(xp, M, K, xsum.data_ptr<float>());
-  }
-  torch::Tensor y = torch::empty({M, N}, x.options());
-  const Operands o{blocks.data_ptr<uint8_t>(), xp, Format::kNeedsSums ? xsum.data_ptr<float>() : nullptr,
-                   reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), K, N, G, M <= 2};
-  run_units<Format>(o, M);
-  return y;
-}
-
 }  // namespace bf16dot
 }  // namespace ssd_cpu

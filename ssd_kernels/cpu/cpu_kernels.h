@@ -53,10 +53,14 @@ struct Bf16Operands {
   uint16_t* y;             // [M, N] bfloat16
   int64_t K, N;
 };
+// Configure this thread's tiles (bf16_amx.cpp's palette: C tiles 0-3 and A tile 4 of `rows` x 64 bytes, B tiles
+// 5-7 of 16 x 64 bytes), and release them when done.
+void amx_configure(int64_t rows);
+void amx_release();
 // y = x W on AMX tiles for M rows (bf16_amx.cpp; K a multiple of 32, the CPU's tiles ready: bf16_gemm checks both).
 void bf16_gemm_amx(const Bf16Operands& o, int64_t M);
-torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
-torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks);
+torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
+torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path);
 std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
                                     const torch::Tensor& weight, double eps);
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,
@@ -74,7 +78,7 @@ torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& posi
 // packed weight, the own int4 kernel (weight = blocks, aux = mins, param = path), torch's CPU int4pack kernel
 // (aux = scales and zeros, param = group size), torch's int8pack kernel (aux = scales), the own float32 kernel on the
 // weight (param = path), the own bfloat16 kernel (weight = its blocks, param = path) or the own int4 kernel for
-// bfloat16 x (weight = its blocks).
+// bfloat16 x (weight = its blocks, param = path).
 constexpr int64_t kDense = 0, kPacked = 1, kInt4Own = 2, kInt4Pack = 3, kInt8Pack = 4, kDenseOwn = 5, kBf16Own = 6,
                   kInt4Bf16 = 7;
 struct Linear {

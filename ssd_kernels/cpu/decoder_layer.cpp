@@ -52,7 +52,7 @@ torch::Tensor Linear::operator()(const torch::Tensor& x) const {
   torch::Tensor y;
   if (kind == kDenseOwn) y = dense_gemm(x, weight, param);
   else if (kind == kBf16Own) y = bf16_gemm(x, weight, param);
-  else if (kind == kInt4Bf16) y = int4_bf16_gemm(x, weight);
+  else if (kind == kInt4Bf16) y = int4_bf16_gemm(x, weight, param);
   else if (kind == kInt4Own) y = int4_gemm(x, weight, *aux, param);
   else if (kind == kInt4Pack) y = at::_weight_int4pack_mm_for_cpu(x, weight, param, *aux);
   else y = at::_weight_int8pack_mm(x, weight, *aux);

@@ -10,7 +10,9 @@
 // Nibble n of every word, or-ed with 0x4300, is the bfloat16 number 128 + q (exponent 7, mantissa q): exact, one
 // shift and one ternary-logic op per 32 codes. So per group and feature the kernel sums S = sum_k (128 + q) x[k]
 // and adds d S + (m - 128 d) sum_k x[k] = sum_k (q d + m) x[k]: the algebra of dequantizing, the products exact.
-#include "bf16_dot_units.h"
+// On the AMX path (group_amx_units.h) the codes are dequantized instead: the nibbles as float32 integers, w = q d + m
+// (one rounding, as numpy dequantizes a GGUF), rounded to bfloat16.
+#include "group_gemm.h"
 
 namespace ssd_cpu {
 namespace {
@@ -31,6 +33,25 @@ struct Int4Format {
     }
   }
   static constexpr int64_t input(int64_t c, int n) { return 2 * c + 8 * n; }
+  // The group's bfloat16 weights as 16 tile rows: chunk c's nibble n holds pair c + 4n (inputs 2c + 8n + h). Each
+  // decoded word 128 + q, widened to float32, gives w = (128 + q) d + (m - 128 d) in one rounding where m - 128 d is
+  // a float32 number (the packer checks it: int4_bf16_gemm.py `amx_exact`).
+  SSD_TARGET_BF16 static inline void weights(const uint8_t* group, __m512bh* rows) {
+    const uint8_t* scales = group + kChunks * kChunkBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+    const __m512 m0 = _mm512_fnmadd_ps(d, _mm512_set1_ps(kBias), m);
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    for (int64_t c = 0; c < kChunks; ++c) {
+      __m512bh codes[kVectors];  // lane f: feature f's codes for inputs 2p (low word), 2p + 1 (high word)
+      decode(group + c * kChunkBytes, codes);
+      for (int n = 0; n < kVectors; ++n) {
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32((__m512i)codes[n], 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512((__m512i)codes[n], high));
+        rows[c + 4 * n] = groupamx::tile_row(_mm512_fmadd_ps(lo, d, m0), _mm512_fmadd_ps(hi, d, m0));
+      }
+    }
+  }
   SSD_TARGET_BF16 static inline __m512 epilogue(__m512 acc, __m512 dot, const uint8_t* scales, float xsum) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
@@ -41,9 +62,9 @@ struct Int4Format {
 
 }  // namespace
 
-// x [M, K] bfloat16, blocks [N / 16, K / 32, 320] uint8 -> [M, N] bfloat16.
-torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks) {
-  return bf16dot::gemm<Int4Format>(x, blocks, "int4_bf16_gemm");
+// x [M, K] bfloat16, blocks [N / 16, K / 32, 320] uint8 -> [M, N] bfloat16, on `path` (kBf16Dot512 or kAmxBf16).
+torch::Tensor int4_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path) {
+  return groupgemm::gemm<Int4Format>(x, blocks, path, "int4_bf16_gemm");
 }
 
 }  // namespace ssd_cpu

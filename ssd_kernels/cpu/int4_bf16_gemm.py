@@ -1,9 +1,11 @@
-"""The CPU int4 GEMM of group-32 weights (GGUF Q4_0 / Q4_1 values) for bfloat16 activations on AVX512-BF16:
-launcher, layout and reference.
+"""The CPU int4 GEMM of group-32 weights (GGUF Q4_0 / Q4_1 values) for bfloat16 activations on AVX512-BF16 or
+AMX-BF16: launcher, layout and reference.
 
-`int4_bf16_gemm` runs ssd_kernels/cpu/int4_bf16_gemm.cpp (threads over units of 64 output features);
-`int4_bf16_gemm_reference` is its plain-torch twin (dequantize in float32, float32 products and sums, rounded to
-bfloat16 once). Layout (see int4_bf16_gemm.cpp): blocks [N / 16, K / 32, 320] uint8, per block of 16 output
+`int4_bf16_gemm` runs ssd_kernels/cpu/int4_bf16_gemm.cpp (threads over units of 64 output features) on a path:
+BF16_AVX512 (exact products with the codes, scaled per group) or AMX_BF16 (the same blocks dequantized to bfloat16
+weights as AMX tiles, where `tiles_exact` holds; ssd_kernels/cpu/group_amx_units.h). `int4_bf16_gemm_reference` is
+their plain-torch twin (dequantize in float32, on AMX_BF16 round the weights to bfloat16, float32 products and sums,
+rounded to bfloat16 once). Layout (see int4_bf16_gemm.cpp): blocks [N / 16, K / 32, 320] uint8, per block of 16 output
 features and group of 32 input features the codes in 4 chunks of 32 16-bit words (nibble n of word 2f + h of chunk
 c: feature f, input 2c + 8n + h), then the 16 d's and 16 m's (fp16); w = q * d + m.
 """
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ssd_kernels.cpu.bf16_units import check_operands, deinterleave_units, interleave_units
+from ssd_kernels.cpu.extension import AMX_BF16, BF16_AVX512
 
 BLOCK = 16  # output features per block: N must be a multiple of this
 GROUP = 32  # input features per group: K must be a multiple of this
@@ -36,6 +39,13 @@ def pack_q32_bf16(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Te
     return interleave_units(torch.cat([codes, scales(d), scales(m)], -1))  # [B, G, 320], units interleaved
 
 
+def tiles_exact(d: torch.Tensor, m: torch.Tensor) -> bool:
+    """Whether the AMX path computes every w = q d + m of these d / m [N, K / 32] in one float32 rounding: it adds
+    (128 + q) d to m - 128 d, which must then be a float32 number (it is unless m is far below 128 d's precision)."""
+    shifted = m.double() - 128 * d.double()
+    return torch.equal(shifted.float().double(), shifted)
+
+
 def unpack_q32_bf16(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inverse of `pack_q32_bf16`: (q [N, K] uint8, d [N, G] float32, m [N, G] float32)."""
     blocks = deinterleave_units(blocks)
@@ -48,15 +58,20 @@ def unpack_q32_bf16(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return q, scales(blocks[..., 256:288]), scales(blocks[..., 288:])
 
 
-def int4_bf16_gemm_reference(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Dequantize in float32, then F.linear in float32, rounded to bfloat16: x [M, K] -> [M, N]."""
+def int4_bf16_gemm_reference(x: torch.Tensor, blocks: torch.Tensor, path: int = BF16_AVX512) -> torch.Tensor:
+    """Dequantize in float32 (AMX_BF16: then round the weights to bfloat16, as that path does), then F.linear in
+    float32, rounded to bfloat16: x [M, K] -> [M, N]."""
     q, d, m = unpack_q32_bf16(blocks)
     n, k = q.shape
     w = q.view(n, k // GROUP, GROUP).float() * d[..., None] + m[..., None]  # [N, G, 32]
-    return F.linear(x.float(), w.view(n, k)).bfloat16()
+    w = w.view(n, k)
+    if path == AMX_BF16:
+        w = w.bfloat16().float()
+    return F.linear(x.float(), w).bfloat16()
 
 
-def int4_bf16_gemm(ext: ModuleType, x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, w given by `blocks` in this module's layout."""
+def int4_bf16_gemm(ext: ModuleType, x: torch.Tensor, blocks: torch.Tensor, path: int = BF16_AVX512) -> torch.Tensor:
+    """x [M, K] bfloat16 @ w.T -> [M, N] bfloat16, w given by `blocks` in this module's layout, on `path`
+    (BF16_AVX512: exact products, scaled per group; AMX_BF16: the weights dequantized to bfloat16 as tiles)."""
     check_operands("int4_bf16_gemm", x, blocks, GROUP, GROUP_BYTES)
-    return ext.int4_bf16_gemm(x, blocks)
+    return ext.int4_bf16_gemm(x, blocks, path)

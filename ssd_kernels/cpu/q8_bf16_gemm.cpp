@@ -7,8 +7,9 @@
 //     bytes 0..511   16 chunks of 32 bytes; in chunk c, byte 2f + h holds q[f, 32g + 2c + h] (int8)
 //     bytes 512..543 the 16 features' d (fp16)
 // A chunk's 32 codes are widened to float32 and narrowed to bfloat16, exact for |q| <= 128; per group and feature
-// the kernel adds d * sum_k q x[k]: the products exact, as in float32.
-#include "bf16_dot_units.h"
+// the kernel adds d * sum_k q x[k]: the products exact, as in float32. On the AMX path (group_amx_units.h) the
+// weights are dequantized instead: q d (exact in float32), rounded to bfloat16.
+#include "group_gemm.h"
 
 namespace ssd_cpu {
 namespace {
@@ -25,6 +26,16 @@ struct Q8Format {
     out[0] = _mm512_cvtne2ps_pbh(second, first);  // lanes 0..15 from the first 16 bytes, 16..31 from the second
   }
   static constexpr int64_t input(int64_t c, int) { return 2 * c; }
+  // The group's bfloat16 weights as 16 tile rows: chunk c is pair c.
+  SSD_TARGET_BF16 static inline void weights(const uint8_t* group, __m512bh* rows) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + kChunks * kChunkBytes)));
+    for (int64_t c = 0; c < kChunks; ++c) {  // lane f: feature f's two codes as one 16-bit word, sign-extended
+      const __m512i v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + c * kChunkBytes)));
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 8));
+      rows[c] = groupamx::tile_row(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d));
+    }
+  }
   SSD_TARGET_BF16 static inline __m512 epilogue(__m512 acc, __m512 dot, const uint8_t* scales, float) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
     return _mm512_fmadd_ps(dot, d, acc);
@@ -33,9 +44,9 @@ struct Q8Format {
 
 }  // namespace
 
-// x [M, K] bfloat16, blocks [N / 16, K / 32, 544] uint8 -> [M, N] bfloat16.
-torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks) {
-  return bf16dot::gemm<Q8Format>(x, blocks, "q8_bf16_gemm");
+// x [M, K] bfloat16, blocks [N / 16, K / 32, 544] uint8 -> [M, N] bfloat16, on `path` (kBf16Dot512 or kAmxBf16).
+torch::Tensor q8_bf16_gemm(const torch::Tensor& x, const torch::Tensor& blocks, int64_t path) {
+  return groupgemm::gemm<Q8Format>(x, blocks, path, "q8_bf16_gemm");
 }
 
 }  // namespace ssd_cpu

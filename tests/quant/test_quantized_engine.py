@@ -203,9 +203,11 @@ def test_a_q8_head_that_is_not_the_float_heads_is_refused_and_not_reported(model
 
 
 @pytest.mark.parametrize("which", ["sd-eagle3", "ssd"])
-def test_bfloat16_greedy_speculation_equals_ar_on_the_own_bfloat16_kernels(models, tmp_path, which):
+@pytest.mark.parametrize("max_num_seqs", [1, 16])  # AMX CPUs: the AVX512-BF16 loop for one sequence, tiles for 16
+def test_bfloat16_greedy_speculation_equals_ar_on_the_own_bfloat16_kernels(models, tmp_path, which, max_num_seqs):
     """bfloat16 activations on the int4 and Q8_0 kernels of AVX512-BF16 CPUs: each row gets the same bits in a decode
-    step and in a verify, so sd and ssd == ar token for token in bfloat16 too (elsewhere: skipped)."""
+    step and in a verify, so sd and ssd == ar token for token in bfloat16 too (elsewhere: skipped). The engine's batch
+    limit picks the kernels' path (cpu_kernels.quantized_bf16_path), the same for ar and the speculating engine."""
     from ssd.layers import cpu_kernels
     from ssd_kernels.cpu import extension as own_ext
 
@@ -217,14 +219,19 @@ def test_bfloat16_greedy_speculation_equals_ar_on_the_own_bfloat16_kernels(model
 
     def llm(spec: SpeculationConfig | None = None) -> LLM:
         return LLM(str(folder), dtype="bfloat16", block_size=4, kv_cache_memory_mb=8, quantization="auto",
-                   speculation=spec)
+                   speculation=spec, max_num_seqs=max_num_seqs)
 
     ar = llm()
     int4 = [m for m in ar.engine.worker.model.modules() if isinstance(m, Int4Matmul)]
     assert int4 and all(m.own_bf16_blocks is not None and m.runs_own_kernel(torch.bfloat16) for m in int4)
-    assert ar.engine.worker.model.lm_head.q8_bf16_blocks is not None
+    lm_head = ar.engine.worker.model.lm_head
+    assert lm_head.q8_bf16_blocks is not None
+    tiles = own_ext.AMX_BF16 in own_ext.supported_paths(ext) and max_num_seqs >= cpu_kernels.TILES_FROM_SEQUENCES
+    path = own_ext.AMX_BF16 if tiles else own_ext.BF16_AVX512
+    assert {m.own_bf16_path for m in int4} == {path} and lm_head.q8_bf16_path == path
     spec = {"sd-eagle3": SpeculationConfig(ProposerChoice(str(head)), num_speculative_tokens=3),
             "ssd": SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=3, ssd=SsdConfig(backup="neural"))}[which]
     spec_llm = llm(spec)
     assert _greedy(spec_llm, 4) == _greedy(ar, 4)
+    assert {m.own_bf16_path for m in spec_llm.engine.worker.model.modules() if isinstance(m, Int4Matmul)} == {path}
     assert spec_llm.engine.speculative_decoder.counters.num_drafts > 0

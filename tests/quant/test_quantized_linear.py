@@ -155,6 +155,32 @@ def test_gguf_like_int4_on_each_kernel_choice_matches_the_reference(dtype, choic
     assert relative_error(matmul(x), matmul.reference(x)) < tolerance
 
 
+@pytest.mark.parametrize("batch", [None, 1, 2, 3, 16])
+def test_the_bfloat16_int4_kernel_takes_amx_tiles_for_batches_of_three_or_more(batch):
+    """Where the CPU has AMX-BF16, a bfloat16 int4 weight loaded for an engine of 3 or more sequences a step (or an
+    unknown batch) runs the kernel's tiles, for 1 or 2 the AVX512-BF16 loop (faster at one row); both match the
+    reference. A weight whose tiles would not hold w = q d + m in one rounding keeps the loop."""
+    from ssd.layers import cpu_kernels
+    from ssd_kernels.cpu import extension as own_ext
+
+    if not _cpu_has_bf16_kernels():
+        pytest.skip("this CPU has no AVX512-BF16")
+    amx = own_ext.AMX_BF16 in own_ext.supported_paths(cpu_kernels.extension())
+    torch.manual_seed(0)
+    weight = _fp16_exact_int4(96, 128)
+    scales, zeros = weight.scales.clone(), weight.zeros.clone()
+    scales[0, 0], zeros[0, 0] = 1.0, 8 + 2**-20  # d = 1, m = 2^-20: m - 128 d needs 28 bits, more than float32's 24
+    inexact = Int4Weight(weight.codes, scales, zeros)
+    with cpu_kernels.decode_batch(batch):
+        matmul = Int4Matmul(weight, torch.bfloat16, CPU)
+        inexact_matmul = Int4Matmul(inexact, torch.bfloat16, CPU)
+    tiles = amx and (batch is None or batch >= cpu_kernels.TILES_FROM_SEQUENCES)
+    assert matmul.own_bf16_path == (own_ext.AMX_BF16 if tiles else own_ext.BF16_AVX512)
+    assert inexact_matmul.own_bf16_blocks is not None and inexact_matmul.own_bf16_path == own_ext.BF16_AVX512
+    x = torch.randn(5, 128).bfloat16()
+    assert relative_error(matmul(x), matmul.reference(x)) < TOLERANCE[torch.bfloat16]
+
+
 def test_int4_quantized_at_load_runs_the_own_kernel():
     """quantize_int4 keeps each group's scale and minimum in fp16, as GGUF Q4_1 does, so the own kernel holds the
     weight exactly; scales that are not fp16 values keep torch's kernel."""

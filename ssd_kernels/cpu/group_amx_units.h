@@ -1,0 +1,104 @@
+// The AMX-BF16 loop of group-32 quantized weights (int4_bf16_gemm.cpp, q8_bf16_gemm.cpp): the same blocks and
+// Formats as bf16_dot_units.h's AVX512-BF16 loop, on a CPU with AMX-BF16 (Sapphire Rapids and later), where that
+// loop computes longer with every row of x and a tile product costs about the same for 1 to 16 rows.
+//
+// Per group of 32 inputs and block of 16 features the Format dequantizes the codes into the bfloat16 weights
+// bf16(w) (w = q d + m computed in float32, then rounded to nearest even: what a bfloat16 checkpoint dequantized from
+// the same codes holds) as a 16 x 64-byte B tile in L1, row p holding the 16 features' weights for inputs 2p, 2p + 1
+// (AMX's pair-interleaved layout). One tdpbf16ps with x's group as the A tile (up to 16 rows, stride K) adds the
+// group's products into the block's float32 C tile, which stays in its tile register over all groups: no scaling
+// per group, so nothing leaves the tiles until the end. A unit of up to 4 blocks keeps its sums in tiles 0-3, x in
+// tile 4 and the dequantized groups in tiles 5-7 in turn (bf16_amx.cpp's configuration). Each row runs the same tile
+// products whatever the rows or threads (a tile's rows are independent), so a decode step and a verify give each
+// position the same bits, and they are those of bf16_amx.cpp on the dequantized bfloat16 weight. They differ from
+// the AVX512-BF16 loop's (exact products with the float32 w, scaled per group), so a model keeps one of the two for
+// all rows (ssd/layers/cpu_kernels.py `quantized_bf16_path`).
+//
+// A Format used here also has weights(group, rows[16]): the group's bfloat16 weights as the 16 tile rows.
+#pragma once
+
+#include "bf16_dot_units.h"
+
+namespace ssd_cpu {
+namespace groupamx {
+
+using bf16dot::kBlock;
+using bf16dot::kGroup;
+using bf16dot::kUnit;
+using bf16dot::Operands;
+
+constexpr int64_t kTileRows = 16;  // the most rows of x per pass (an A tile's rows)
+
+#define SSD_TARGET_AMX_GROUPS \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")))
+
+// lo's 16 bfloat16 numbers (input 2p of each feature) and hi's (input 2p + 1), rounded to nearest even and
+// interleaved as one tile row: word 2f + h = feature f's weight for input 2p + h. (The Formats' weights() call it:
+// AVX512-BF16 only, so that they inline into the AMX loop.)
+SSD_TARGET_BF16 inline __m512bh tile_row(__m512 lo, __m512 hi) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return (__m512bh)_mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+#define SSD_GROUP_PRODUCT(c, b_tile, b)      \
+  Format::weights(group[b], tiles[b]);       \
+  _tile_loadd(b_tile, tiles[b], 64);         \
+  _tile_dpbf16ps(c, 4, b_tile);
+
+// Rows m0 .. m0 + rows - 1 of x (the tiles configured for `rows`) times the FB blocks of the unit starting at b0.
+template <class Format, int FB>
+SSD_TARGET_AMX_GROUPS void unit_tiles(const Operands& o, int64_t b0, int64_t m0, int64_t rows) {
+  const uint8_t* unit = o.blocks + b0 * o.G * Format::kGroupBytes;  // a unit's blocks interleaved group by group
+  const int64_t stride = FB * Format::kGroupBytes;                  // bytes from one group of the unit to the next
+  alignas(64) __m512bh tiles[FB][16];                               // each block's dequantized group: a B tile
+  _tile_zero(0);
+  if (FB > 1) _tile_zero(1);
+  if (FB > 2) _tile_zero(2);
+  if (FB > 3) _tile_zero(3);
+  for (int64_t g = 0; g < o.G; ++g) {
+    const uint8_t* group[FB];
+    for (int b = 0; b < FB; ++b) group[b] = unit + g * stride + b * Format::kGroupBytes;
+    _tile_loadd(4, o.x + m0 * o.K + g * kGroup, o.K * 2);
+    SSD_GROUP_PRODUCT(0, 5, 0);
+    if (FB > 1) { SSD_GROUP_PRODUCT(1, 6, 1); }
+    if (FB > 2) { SSD_GROUP_PRODUCT(2, 7, 2); }
+    if (FB > 3) { SSD_GROUP_PRODUCT(3, 5, 3); }
+  }
+  alignas(64) float sums[kUnit][kTileRows][kBlock];
+  _tile_stored(0, sums[0], 64);
+  if (FB > 1) _tile_stored(1, sums[1], 64);
+  if (FB > 2) _tile_stored(2, sums[2], 64);
+  if (FB > 3) _tile_stored(3, sums[3], 64);
+  for (int b = 0; b < FB; ++b)
+    for (int64_t i = 0; i < rows; ++i) {  // round to bfloat16 (nearest even, as torch rounds)
+      const __m256i bits = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sums[b][i]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.y + (m0 + i) * o.N + (b0 + b) * kBlock), bits);
+    }
+}
+
+#undef SSD_GROUP_PRODUCT
+
+// Every unit for every pass of up to 16 rows of x; threads split the units.
+template <class Format>
+void run_units(const Operands& o, int64_t M) {
+  using UnitFn = void (*)(const Operands&, int64_t, int64_t, int64_t);
+  static const UnitFn units[4] = {unit_tiles<Format, 1>, unit_tiles<Format, 2>, unit_tiles<Format, 3>,
+                                  unit_tiles<Format, 4>};
+  const int64_t num_blocks = o.N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
+  at::parallel_for(0, num_units, 4, [&](int64_t begin, int64_t end) {
+    int64_t configured = 0;  // the rows this thread's tiles are configured for
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t b0 = u * kUnit, fb = std::min<int64_t>(kUnit, num_blocks - b0);
+      for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, M - m0);
+        if (rows != configured) amx_configure(configured = rows);
+        units[fb - 1](o, b0, m0, rows);
+      }
+    }
+    if (configured) amx_release();
+  });
+}
+
+}  // namespace groupamx
+}  // namespace ssd_cpu
