@@ -29,6 +29,10 @@ using bf16dot::Operands;
 
 constexpr int64_t kTileRows = 16;  // the most rows of x per pass (an A tile's rows)
 
+struct alignas(64) BTile {  // one dequantized group of a block: 16 rows of 32 bfloat16 weights (a vector may not be a
+  __m512bh rows[16];        // std::vector's element type: GCC drops its alignment there)
+};
+
 #define SSD_TARGET_AMX_GROUPS \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")))
 
@@ -41,14 +45,16 @@ SSD_TARGET_BF16 inline __m512bh tile_row(__m512 lo, __m512 hi) {
   return (__m512bh)_mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-#define SSD_GROUP_PRODUCT(c, b_tile, b)      \
-  Format::weights(group[b], tiles[b]);       \
-  _tile_loadd(b_tile, tiles[b], 64);         \
+#define SSD_GROUP_PRODUCT(c, b_tile, b)                          \
+  if (decoded == nullptr) Format::weights(group[b], tiles[b]);   \
+  _tile_loadd(b_tile, decoded ? decoded + (g * FB + b) * 16 : tiles[b], 64); \
   _tile_dpbf16ps(c, 4, b_tile);
 
-// Rows m0 .. m0 + rows - 1 of x (the tiles configured for `rows`) times the FB blocks of the unit starting at b0.
+// Rows m0 .. m0 + rows - 1 of x (the tiles configured for `rows`) times the FB blocks of the unit starting at b0,
+// each group dequantized here, or read from `decoded` (decode_unit's) where it is not null.
 template <class Format, int FB>
-SSD_TARGET_AMX_GROUPS void unit_tiles(const Operands& o, int64_t b0, int64_t m0, int64_t rows) {
+SSD_TARGET_AMX_GROUPS void unit_tiles(const Operands& o, int64_t b0, int64_t m0, int64_t rows,
+                                      const __m512bh* decoded) {
   const uint8_t* unit = o.blocks + b0 * o.G * Format::kGroupBytes;  // a unit's blocks interleaved group by group
   const int64_t stride = FB * Format::kGroupBytes;                  // bytes from one group of the unit to the next
   alignas(64) __m512bh tiles[FB][16];                               // each block's dequantized group: a B tile
@@ -79,21 +85,38 @@ SSD_TARGET_AMX_GROUPS void unit_tiles(const Operands& o, int64_t b0, int64_t m0,
 
 #undef SSD_GROUP_PRODUCT
 
-// Every unit for every pass of up to 16 rows of x; threads split the units.
+// The FB blocks of the unit starting at b0, every group dequantized once into decoded [G][FB][16 tile rows]: for
+// more rows than one tile holds (a prefill), whose passes then read the tiles as bf16_amx.cpp reads a bfloat16
+// weight, with the same tile products in the same order as dequantizing in each pass (so the same bits).
+template <class Format, int FB>
+SSD_TARGET_AMX_GROUPS void decode_unit(const Operands& o, int64_t b0, __m512bh* decoded) {
+  const uint8_t* unit = o.blocks + b0 * o.G * Format::kGroupBytes;
+  for (int64_t g = 0; g < o.G; ++g)
+    for (int b = 0; b < FB; ++b)
+      Format::weights(unit + (g * FB + b) * Format::kGroupBytes, decoded + (g * FB + b) * 16);
+}
+
+// Every unit for every pass of up to 16 rows of x; threads split the units. Past one pass a unit's groups are
+// dequantized once (into 4 KB per group, per thread: 192 KB at K = 1536) and every pass reads them.
 template <class Format>
 void run_units(const Operands& o, int64_t M) {
-  using UnitFn = void (*)(const Operands&, int64_t, int64_t, int64_t);
+  using UnitFn = void (*)(const Operands&, int64_t, int64_t, int64_t, const __m512bh*);
+  using DecodeFn = void (*)(const Operands&, int64_t, __m512bh*);
   static const UnitFn units[4] = {unit_tiles<Format, 1>, unit_tiles<Format, 2>, unit_tiles<Format, 3>,
                                   unit_tiles<Format, 4>};
+  static const DecodeFn decoders[4] = {decode_unit<Format, 1>, decode_unit<Format, 2>, decode_unit<Format, 3>,
+                                       decode_unit<Format, 4>};
   const int64_t num_blocks = o.N / kBlock, num_units = (num_blocks + kUnit - 1) / kUnit;
   at::parallel_for(0, num_units, 4, [&](int64_t begin, int64_t end) {
+    std::vector<BTile> decoded(M > kTileRows ? o.G * kUnit : 0);
     int64_t configured = 0;  // the rows this thread's tiles are configured for
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b0 = u * kUnit, fb = std::min<int64_t>(kUnit, num_blocks - b0);
+      if (!decoded.empty()) decoders[fb - 1](o, b0, decoded.data()->rows);
       for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
         const int64_t rows = std::min<int64_t>(kTileRows, M - m0);
         if (rows != configured) amx_configure(configured = rows);
-        units[fb - 1](o, b0, m0, rows);
+        units[fb - 1](o, b0, m0, rows, decoded.empty() ? nullptr : decoded.data()->rows);
       }
     }
     if (configured) amx_release();

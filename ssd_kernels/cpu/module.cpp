@@ -31,9 +31,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "y = x @ w.T for a bfloat16 weight in blocks, by path: AVX512-BF16 or AMX-BF16 (see bf16_gemm.cpp)",
         release_gil());
   m.def("int4_bf16_gemm", &ssd_cpu::int4_bf16_gemm,
-        "y = x @ w.T for a group-32 int4 weight in blocks and bfloat16 x, by path (see int4_bf16_gemm.cpp)", release_gil());
+        "y = x @ w.T for a group-32 int4 weight in blocks and bfloat16 x, by path (see int4_bf16_gemm.cpp)",
+        release_gil());
   m.def("q8_bf16_gemm", &ssd_cpu::q8_bf16_gemm,
-        "y = x @ w.T for a group-32 int8 weight in blocks and bfloat16 x, by path (see q8_bf16_gemm.cpp)", release_gil());
+        "y = x @ w.T for a group-32 int8 weight in blocks and bfloat16 x, by path (see q8_bf16_gemm.cpp)",
+        release_gil());
   m.def("rms_norm", &ssd_cpu::rms_norm, "RMSNorm of x (+ residual): [normed] or [normed, x + residual]");
   m.def("rope", &ssd_cpu::rope, "rotary embedding (rotate-half) of x [T, heads, D] at positions [T]");
   m.def("silu_mul", &ssd_cpu::silu_mul, "silu(x[:, :I]) * x[:, I:]");

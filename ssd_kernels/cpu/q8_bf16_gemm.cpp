@@ -28,9 +28,11 @@ struct Q8Format {
   static constexpr int64_t input(int64_t c, int) { return 2 * c; }
   // The group's bfloat16 weights as 16 tile rows: chunk c is pair c.
   SSD_TARGET_BF16 static inline void weights(const uint8_t* group, __m512bh* rows) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + kChunks * kChunkBytes)));
+    const auto* scales = reinterpret_cast<const __m256i*>(group + kChunks * kChunkBytes);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(scales));
     for (int64_t c = 0; c < kChunks; ++c) {  // lane f: feature f's two codes as one 16-bit word, sign-extended
-      const __m512i v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + c * kChunkBytes)));
+      const auto* chunk = reinterpret_cast<const __m256i*>(group + c * kChunkBytes);
+      const __m512i v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(chunk));
       const __m512 lo = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
       const __m512 hi = _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 8));
       rows[c] = groupamx::tile_row(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d));

@@ -46,7 +46,7 @@ def test_the_kernel_matches_its_reference(ext, name, rows, n):
     assert relative_error(y, kernel.int4_bf16_gemm_reference(x, blocks, path)) < TOLERANCE
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 17])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])  # 40: three passes over the groups dequantized once
 def test_the_amx_path_is_the_bf16_gemm_on_the_dequantized_weight(ext, rows):
     """Bit for bit: the tiles see bf16(q d + m) (float32, one rounding), what a bfloat16 checkpoint dequantized from
     the same codes holds, and add the same tile products as the bfloat16 GEMM's AMX path."""

@@ -43,7 +43,7 @@ def test_the_kernel_matches_its_reference(ext, name, rows, n):
     assert relative_error(y, kernel.q8_bf16_gemm_reference(x, blocks, path)) < TOLERANCE
 
 
-@pytest.mark.parametrize("rows", [1, 5, 17])
+@pytest.mark.parametrize("rows", [1, 5, 17, 40])  # 40: three passes over the groups dequantized once
 def test_the_amx_path_is_the_bf16_gemm_on_the_dequantized_weight(ext, rows):
     """Bit for bit: the tiles see bf16(q d) (exact in float32), and add the bfloat16 GEMM's tile products."""
     path = require_path(ext, PATHS, "amx-bf16")
