@@ -20,6 +20,7 @@ from ssd.engine.scheduler import ScheduledBatch, Scheduler
 from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.speculative_decoder import SpeculativeDecoder
 from ssd.errors import InvalidRequestError, ResourceExhaustedError
+from ssd.layers.quantized_linear import int4_kernels
 from ssd.model_config import load_model_config
 from ssd.model_store import resolve_model
 from ssd.runtime.model_runner import ForwardItem
@@ -98,7 +99,8 @@ class LLMEngine:
         self._seed_source = torch.Generator().manual_seed(config.seed)
         log.info("engine ready", model=str(path), dtype=dtype_name(self.worker.dtype), device=str(self.device),
                  kv_blocks=self.worker.num_blocks, max_model_len=max_len, load_s=round(self.worker.load_s, 2),
-                 tensor_parallel_size=config.tensor_parallel_size, quantization=self.worker.quantization.describe())
+                 tensor_parallel_size=config.tensor_parallel_size, quantization=self.worker.quantization.describe(),
+                 int4_kernels=int4_kernels(self.worker.model))
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (they also stop when this process exits)."""

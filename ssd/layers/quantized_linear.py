@@ -201,6 +201,22 @@ class Int8Matmul(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, kernel={kernel}"
 
 
+def int4_kernels(model: nn.Module) -> str | None:
+    """What the model's int4 linears run on, for the engine's ready log: "own bfloat16 loop", "own AMX tiles",
+    "own float", "torch int4pack" or "reference" (several joined by " + "); None where it has no int4 linear."""
+    kinds = set()
+    for module in model.modules():
+        if isinstance(module, Int4Matmul):
+            dtype = module.scales_and_zeros.dtype
+            if module.own_bf16_blocks is not None and module.runs_own_kernel(dtype):
+                kinds.add("own AMX tiles" if module.own_bf16_path == AMX_BF16 else "own bfloat16 loop")
+            elif module.runs_own_kernel(dtype):
+                kinds.add("own float")
+            else:
+                kinds.add("reference" if module.packed is None else "torch int4pack")
+    return " + ".join(sorted(kinds)) or None
+
+
 def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The own CPU kernel's layout of `weight`; None where it cannot hold it exactly or cannot be built here."""
     if weight.group_size != 32:

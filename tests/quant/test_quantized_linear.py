@@ -224,3 +224,22 @@ def test_the_bfloat16_kernel_serves_a_prefill_with_a_decode_steps_bits():
     y = matmul(x)
     assert relative_error(y, matmul.reference(x)) < TOLERANCE[torch.bfloat16]
     assert torch.equal(y, torch.cat([matmul(x[i : i + 1]) for i in range(40)]))
+
+
+def test_the_int4_kernels_a_model_runs_are_named_for_the_ready_log():
+    from ssd.layers import cpu_kernels
+    from ssd.layers.quantized_linear import int4_kernels
+    from ssd_kernels.cpu import extension as own_ext
+
+    torch.manual_seed(0)
+    with cpu_kernels.decode_batch(16):
+        model = torch.nn.Sequential(Int4Matmul(_fp16_exact_int4(32, 64), torch.bfloat16, CPU))
+    torch_kernel = "reference" if model[0].packed is None else "torch int4pack"
+    expected = torch_kernel
+    if _cpu_has_bf16_kernels():
+        amx = own_ext.AMX_BF16 in own_ext.supported_paths(cpu_kernels.extension())
+        expected = "own AMX tiles" if amx else "own bfloat16 loop"
+    assert int4_kernels(model) == expected
+    model[0].kernel_choice = Int4Kernel.TORCH
+    assert int4_kernels(model) == torch_kernel
+    assert int4_kernels(torch.nn.Linear(4, 4)) is None
