@@ -56,7 +56,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ssd.sampling.params import SamplingParams
 
     speculation = speculation_from_args(args, args.mode)
-    llm = LLM(args.model, speculation=speculation, **options_from_args(args, _ENGINE_FIELDS))
+    # one prompt: an engine of one sequence a step (the quantized CPU kernels pick their fastest path for one row)
+    llm = LLM(args.model, speculation=speculation, max_num_seqs=1, **options_from_args(args, _ENGINE_FIELDS))
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -269,6 +269,13 @@ def quantized_bf16_path() -> int:
     return own_ext.AMX_BF16 if amx and not few else own_ext.BF16_AVX512
 
 
+def set_own_float_kernels(enabled: bool, amx: bool = True) -> None:
+    """Whether float linear layers packed from now on (`_Linear.pack`) use the own float kernels (the default) or
+    oneDNN's packed GEMM, and whether bfloat16 and quantized ones take the AMX path where the CPU has it (benchmarks
+    compare them)."""
+    _own_float["enabled"], _own_float["amx"] = enabled, amx
+
+
 @dataclass(frozen=True)
 class OwnMatmul:
     """A float linear layer's matmul on the project's own kernel: x [M, K] -> [M, N] in the weight's dtype."""
