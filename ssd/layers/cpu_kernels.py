@@ -101,7 +101,7 @@ def int4_bf16_layout(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
     path = quantized_bf16_path()
     if path == own_ext.AMX_BF16 and not own_bf16.tiles_exact(*scales):
         path = own_ext.BF16_AVX512
-    return own_bf16.pack_q32_bf16(q, *scales), path
+    return own_bf16.pack_q32_bf16(q, *scales, path), path
 
 
 def _blocks_op(name: str, block: int) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:

@@ -14,7 +14,8 @@
 // the AVX512-BF16 loop's (exact products with the float32 w, scaled per group), so a model keeps one of the two for
 // all rows (ssd/layers/cpu_kernels.py `quantized_bf16_path`).
 //
-// A Format used here also has weights(group, rows[16]): the group's bfloat16 weights as the 16 tile rows.
+// A Format used here also has weights(group, rows[16]): the group's bfloat16 weights as the 16 tile rows, from blocks
+// packed for this path (the int4 codes' word order differs from the AVX512-BF16 loop's: int4_bf16_gemm.py).
 #pragma once
 
 #include "bf16_dot_units.h"
@@ -28,6 +29,7 @@ using bf16dot::kUnit;
 using bf16dot::Operands;
 
 constexpr int64_t kTileRows = 16;  // the most rows of x per pass (an A tile's rows)
+constexpr int64_t kAhead = 2;      // groups prefetched ahead when dequantizing as the passes go
 
 struct alignas(64) BTile {  // one dequantized group of a block: 16 rows of 32 bfloat16 weights (a vector may not be a
   __m512bh rows[16];        // std::vector's element type: GCC drops its alignment there)
@@ -36,13 +38,14 @@ struct alignas(64) BTile {  // one dequantized group of a block: 16 rows of 32 b
 #define SSD_TARGET_AMX_GROUPS \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")))
 
-// lo's 16 bfloat16 numbers (input 2p of each feature) and hi's (input 2p + 1), rounded to nearest even and
-// interleaved as one tile row: word 2f + h = feature f's weight for input 2p + h. (The Formats' weights() call it:
-// AVX512-BF16 only, so that they inline into the AMX loop.)
-SSD_TARGET_BF16 inline __m512bh tile_row(__m512 lo, __m512 hi) {
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return (__m512bh)_mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+// A Format builds tile row p (inputs 2p, 2p + 1) as two float32 vectors, lo for features 0-7 and hi for 8-15, lane j
+// holding feature 8 half + j / 2's weight for input 2p + j % 2; _mm512_cvtne2ps_pbh(hi, lo) then rounds them into the
+// row's pair-interleaved order with no permute. half_lanes spreads the 16 features' per-feature values (lane f) so:
+// lane j of half 0 holds v[j / 2], of half 1 v[8 + j / 2]. (AVX512-BF16 only, so that the Formats inline it.)
+SSD_TARGET_BF16 inline __m512 half_lanes(__m512 v, int half) {
+  const __m512i lanes = half == 0 ? _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+                                  : _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+  return _mm512_permutexvar_ps(lanes, v);
 }
 
 #define SSD_GROUP_PRODUCT(c, b_tile, b)                          \
@@ -65,6 +68,9 @@ SSD_TARGET_AMX_GROUPS void unit_tiles(const Operands& o, int64_t b0, int64_t m0,
   for (int64_t g = 0; g < o.G; ++g) {
     const uint8_t* group[FB];
     for (int b = 0; b < FB; ++b) group[b] = unit + g * stride + b * Format::kGroupBytes;
+    if (decoded == nullptr)  // the unit's group kAhead on into L1: ~10-15% at 5-16 rows (2 beat 4 and none, SPR)
+      for (int64_t line = 0; line < stride; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(unit + (g + kAhead) * stride + line), _MM_HINT_T0);
     _tile_loadd(4, o.x + m0 * o.K + g * kGroup, o.K * 2);
     SSD_GROUP_PRODUCT(0, 5, 0);
     if (FB > 1) { SSD_GROUP_PRODUCT(1, 6, 1); }

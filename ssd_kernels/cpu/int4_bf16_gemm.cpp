@@ -5,13 +5,14 @@
 // Weight layout (made by ssd_kernels/cpu/int4_bf16_gemm.py from the portable codes):
 //   blocks [N / 16, K / 32, 320] uint8: for each block of 16 output features and group g of 32 input features,
 //     bytes 0..255   4 chunks of 64 bytes, read as 32 16-bit words; in chunk c, word 2f + h holds in its nibble n
-//                    (bits 4n .. 4n + 3) q[f, 32g + 2c + 8n + h] (q in 0..15)
+//                    (bits 4n .. 4n + 3) q[f, 32g + 2c + 8n + h] (q in 0..15); packed for the AMX path, word
+//                    4 (f % 8) + 2h + f / 8 holds it instead (see weights())
 //     bytes 256..287 the 16 features' d (fp16), bytes 288..319 their m (fp16); w = q * d + m
 // Nibble n of every word, or-ed with 0x4300, is the bfloat16 number 128 + q (exponent 7, mantissa q): exact, one
 // shift and one ternary-logic op per 32 codes. So per group and feature the kernel sums S = sum_k (128 + q) x[k]
 // and adds d S + (m - 128 d) sum_k x[k] = sum_k (q d + m) x[k]: the algebra of dequantizing, the products exact.
-// On the AMX path (group_amx_units.h) the codes are dequantized instead: the nibbles as float32 integers, w = q d + m
-// (one rounding, as numpy dequantizes a GGUF), rounded to bfloat16.
+// On the AMX path (group_amx_units.h) the codes are dequantized instead: w = (128 + q) d + (m - 128 d) in float32 (one
+// rounding, as numpy dequantizes a GGUF, where m - 128 d is a float32 number), rounded to bfloat16.
 #include "group_gemm.h"
 
 namespace ssd_cpu {
@@ -33,22 +34,26 @@ struct Int4Format {
     }
   }
   static constexpr int64_t input(int64_t c, int n) { return 2 * c + 8 * n; }
-  // The group's bfloat16 weights as 16 tile rows: chunk c's nibble n holds pair c + 4n (inputs 2c + 8n + h). Each
-  // decoded word 128 + q, widened to float32, gives w = (128 + q) d + (m - 128 d) in one rounding where m - 128 d is
-  // a float32 number (the packer checks it: int4_bf16_gemm.py `amx_exact`).
+  // The group's bfloat16 weights as 16 tile rows (blocks packed for the AMX path): chunk c's nibble n holds pair
+  // c + 4n, and its 32-bit lane j holds the codes of features j / 2 (low word) and 8 + j / 2 (high word) for input
+  // 2p + j % 2, so the decoded words widened to float32 (shift, mask) are the row's halves (group_amx_units.h).
+  // (128 + q) d + (m - 128 d) is w = q d + m in one rounding where m - 128 d is a float32 number (the packer checks
+  // it: int4_bf16_gemm.py `tiles_exact`).
   SSD_TARGET_BF16 static inline void weights(const uint8_t* group, __m512bh* rows) {
     const uint8_t* scales = group + kChunks * kChunkBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
     const __m512 m0 = _mm512_fnmadd_ps(d, _mm512_set1_ps(kBias), m);
+    const __m512 d_lo = groupamx::half_lanes(d, 0), d_hi = groupamx::half_lanes(d, 1);
+    const __m512 m_lo = groupamx::half_lanes(m0, 0), m_hi = groupamx::half_lanes(m0, 1);
     const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
     for (int64_t c = 0; c < kChunks; ++c) {
-      __m512bh codes[kVectors];  // lane f: feature f's codes for inputs 2p (low word), 2p + 1 (high word)
+      __m512bh codes[kVectors];
       decode(group + c * kChunkBytes, codes);
       for (int n = 0; n < kVectors; ++n) {
         const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32((__m512i)codes[n], 16));
         const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512((__m512i)codes[n], high));
-        rows[c + 4 * n] = groupamx::tile_row(_mm512_fmadd_ps(lo, d, m0), _mm512_fmadd_ps(hi, d, m0));
+        rows[c + 4 * n] = _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(hi, d_hi, m_hi), _mm512_fmadd_ps(lo, d_lo, m_lo));
       }
     }
   }

@@ -26,16 +26,17 @@ struct Q8Format {
     out[0] = _mm512_cvtne2ps_pbh(second, first);  // lanes 0..15 from the first 16 bytes, 16..31 from the second
   }
   static constexpr int64_t input(int64_t c, int) { return 2 * c; }
-  // The group's bfloat16 weights as 16 tile rows: chunk c is pair c.
+  // The group's bfloat16 weights as 16 tile rows: chunk c is pair c, its first 16 bytes features 0-7 and the next
+  // 16 features 8-15 (byte 2f + h), so each half widened to float32 is a row's half (group_amx_units.h).
   SSD_TARGET_BF16 static inline void weights(const uint8_t* group, __m512bh* rows) {
     const auto* scales = reinterpret_cast<const __m256i*>(group + kChunks * kChunkBytes);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(scales));
-    for (int64_t c = 0; c < kChunks; ++c) {  // lane f: feature f's two codes as one 16-bit word, sign-extended
-      const auto* chunk = reinterpret_cast<const __m256i*>(group + c * kChunkBytes);
-      const __m512i v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(chunk));
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 8));
-      rows[c] = groupamx::tile_row(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d));
+    const __m512 d_lo = groupamx::half_lanes(d, 0), d_hi = groupamx::half_lanes(d, 1);
+    for (int64_t c = 0; c < kChunks; ++c) {
+      const auto* chunk = reinterpret_cast<const __m128i*>(group + c * kChunkBytes);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(chunk)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(chunk + 1)));
+      rows[c] = _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d_hi), _mm512_mul_ps(lo, d_lo));
     }
   }
   SSD_TARGET_BF16 static inline __m512 epilogue(__m512 acc, __m512 dot, const uint8_t* scales, float) {

@@ -28,10 +28,20 @@ def _operands(rows: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, t
     return x, q, d, m
 
 
-def test_the_layout_round_trips():
+@pytest.mark.parametrize("name", PATHS)
+def test_the_layout_round_trips(name):
     _, q, d, m = _operands(1, 48, 96)
-    q2, d2, m2 = kernel.unpack_q32_bf16(kernel.pack_q32_bf16(q, d, m))
+    q2, d2, m2 = kernel.unpack_q32_bf16(kernel.pack_q32_bf16(q, d, m, PATHS[name]), PATHS[name])
     assert torch.equal(q2.long(), q) and torch.equal(d2, d) and torch.equal(m2, m)
+
+
+def test_the_amx_layout_orders_a_chunks_words_by_row_half():
+    """Word 4 (f % 8) + 2h + f / 8 of chunk c holds feature f's codes for inputs 2c + 8n + h (nibble n)."""
+    q = torch.zeros(16, 32, dtype=torch.long)
+    q[9, 1] = 5  # feature 9 = 8 + 1, input 1: chunk 0, nibble 0, h = 1 -> word 4 + 2 + 1 = 7
+    d, m = torch.ones(16, 1), torch.zeros(16, 1)
+    words = kernel.pack_q32_bf16(q, d, m, own_ext.AMX_BF16)[0, 0, :256].view(torch.int16)
+    assert words[7].item() == 5 and int(words.abs().sum()) == 5
 
 
 @pytest.mark.parametrize("name", PATHS)
@@ -40,7 +50,7 @@ def test_the_layout_round_trips():
 def test_the_kernel_matches_its_reference(ext, name, rows, n):
     path = require_path(ext, PATHS, name)
     x, q, d, m = _operands(rows, n, 96)
-    blocks = kernel.pack_q32_bf16(q, d, m)
+    blocks = kernel.pack_q32_bf16(q, d, m, path)
     y = kernel.int4_bf16_gemm(ext, x, blocks, path)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     assert relative_error(y, kernel.int4_bf16_gemm_reference(x, blocks, path)) < TOLERANCE
@@ -54,7 +64,7 @@ def test_the_amx_path_is_the_bf16_gemm_on_the_dequantized_weight(ext, rows):
     x, q, d, m = _operands(rows, 80, 160, seed=5)
     w = (q.view(80, 5, 32).float() * d[..., None] + m[..., None]).view(80, 160).bfloat16()
     expected = bf16_gemm.bf16_gemm(ext, x, bf16_gemm.pack_bf16(w), own_ext.AMX_BF16)
-    assert torch.equal(kernel.int4_bf16_gemm(ext, x, kernel.pack_q32_bf16(q, d, m), path), expected)
+    assert torch.equal(kernel.int4_bf16_gemm(ext, x, kernel.pack_q32_bf16(q, d, m, path), path), expected)
 
 
 def test_the_tiles_hold_a_weight_exactly_unless_m_is_far_below_its_scale():
@@ -68,10 +78,10 @@ def test_the_reference_is_the_dequantized_weight():
     x, q, d, m = _operands(2, 32, 64, seed=1)
     w = (q.view(32, 2, 32).float() * d[..., None] + m[..., None]).view(32, 64)
     expected = torch.nn.functional.linear(x.float(), w).bfloat16()
-    blocks = kernel.pack_q32_bf16(q, d, m)
-    assert torch.equal(kernel.int4_bf16_gemm_reference(x, blocks), expected)
+    assert torch.equal(kernel.int4_bf16_gemm_reference(x, kernel.pack_q32_bf16(q, d, m)), expected)
     tiles = torch.nn.functional.linear(x.float(), w.bfloat16().float()).bfloat16()  # the AMX path's weights
-    assert torch.equal(kernel.int4_bf16_gemm_reference(x, blocks, own_ext.AMX_BF16), tiles)
+    amx_blocks = kernel.pack_q32_bf16(q, d, m, own_ext.AMX_BF16)
+    assert torch.equal(kernel.int4_bf16_gemm_reference(x, amx_blocks, own_ext.AMX_BF16), tiles)
 
 
 @pytest.mark.parametrize("name", PATHS)
@@ -79,7 +89,7 @@ def test_the_reference_is_the_dequantized_weight():
 def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name, rows):
     path = require_path(ext, PATHS, name)
     x, q, d, m = _operands(rows, 320, 128, seed=2)
-    blocks = kernel.pack_q32_bf16(q, d, m)
+    blocks = kernel.pack_q32_bf16(q, d, m, path)
     assert_rows_invariant(lambda rows: kernel.int4_bf16_gemm(ext, rows, blocks, path), x)
 
 
@@ -88,7 +98,7 @@ def test_a_planted_layout_bug_is_caught(ext, name):
     """Codes whose chunks are read in the wrong order (inputs 2c.. taken for 2c + 2..) fail the comparison."""
     path = require_path(ext, PATHS, name)
     x, q, d, m = _operands(2, 32, 64, seed=3)
-    blocks = kernel.pack_q32_bf16(q, d, m)
+    blocks = kernel.pack_q32_bf16(q, d, m, path)
     wrong = blocks.clone()
     wrong[..., :256] = blocks[..., :256].view(2, 2, 4, 64).roll(1, dims=2).reshape(2, 2, 256)
     reference = kernel.int4_bf16_gemm_reference(x, blocks, path)
