@@ -14,7 +14,7 @@
 // Its bits differ from bf16_gemm.cpp's in a few outputs in ten thousand: vdpbf16ps adds a sum's products pair by
 // pair in float32, a tile product adds 32 of them to it at once (measured against both orders), so a model runs
 // every row count on one of the two paths.
-#include "cpu_kernels.h"
+#include "amx_tiles.h"
 
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -23,10 +23,10 @@
 namespace ssd_cpu {
 namespace {
 
-constexpr int64_t kBlock = 16;     // output features per block (a C tile's columns)
-constexpr int64_t kUnit = 4;       // blocks per unit (C tiles)
-constexpr int64_t kChunk = 32;     // inputs per tile product (16 pairs)
-constexpr int64_t kTileRows = 16;  // the most rows of x in one pass (an A tile's rows)
+using amxtiles::kBlock;
+using amxtiles::kTileRows;
+using amxtiles::kUnit;
+constexpr int64_t kChunk = 32;  // inputs per tile product (16 pairs)
 
 #define SSD_TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -68,16 +68,7 @@ SSD_TARGET_AMX void unit_tiles(const Bf16Operands& o, int64_t b0, int64_t m0, in
     if (FB > 2) { SSD_TILE_STEP(2, 7, w[2] + at); }
     if (FB > 3) { SSD_TILE_STEP(3, 5, w[3] + at); }
   }
-  alignas(64) float sums[kUnit][kTileRows][kBlock];
-  _tile_stored(0, sums[0], 64);
-  if (FB > 1) _tile_stored(1, sums[1], 64);
-  if (FB > 2) _tile_stored(2, sums[2], 64);
-  if (FB > 3) _tile_stored(3, sums[3], 64);
-  for (int b = 0; b < FB; ++b)
-    for (int64_t i = 0; i < rows; ++i) {  // round to bfloat16 (nearest even, as torch rounds)
-      const __m256i bits = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sums[b][i]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.y + (m0 + i) * o.N + (b0 + b) * kBlock), bits);
-    }
+  amxtiles::store_unit<FB>(o.y, o.N, b0, m0, rows);
 }
 
 #undef SSD_TILE_STEP

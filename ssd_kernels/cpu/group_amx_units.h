@@ -18,6 +18,7 @@
 // packed for this path (the int4 codes' word order differs from the AVX512-BF16 loop's: int4_bf16_gemm.py).
 #pragma once
 
+#include "amx_tiles.h"
 #include "bf16_dot_units.h"
 
 namespace ssd_cpu {
@@ -28,7 +29,7 @@ using bf16dot::kGroup;
 using bf16dot::kUnit;
 using bf16dot::Operands;
 
-constexpr int64_t kTileRows = 16;  // the most rows of x per pass (an A tile's rows)
+using amxtiles::kTileRows;  // the most rows of x per pass (an A tile's rows)
 constexpr int64_t kAhead = 2;      // groups prefetched ahead when dequantizing as the passes go
 
 struct alignas(64) BTile {  // one dequantized group of a block: 16 rows of 32 bfloat16 weights (a vector may not be a
@@ -77,16 +78,7 @@ SSD_TARGET_AMX_GROUPS void unit_tiles(const Operands& o, int64_t b0, int64_t m0,
     if (FB > 2) { SSD_GROUP_PRODUCT(2, 7, 2); }
     if (FB > 3) { SSD_GROUP_PRODUCT(3, 5, 3); }
   }
-  alignas(64) float sums[kUnit][kTileRows][kBlock];
-  _tile_stored(0, sums[0], 64);
-  if (FB > 1) _tile_stored(1, sums[1], 64);
-  if (FB > 2) _tile_stored(2, sums[2], 64);
-  if (FB > 3) _tile_stored(3, sums[3], 64);
-  for (int b = 0; b < FB; ++b)
-    for (int64_t i = 0; i < rows; ++i) {  // round to bfloat16 (nearest even, as torch rounds)
-      const __m256i bits = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sums[b][i]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.y + (m0 + i) * o.N + (b0 + b) * kBlock), bits);
-    }
+  amxtiles::store_unit<FB>(o.y, o.N, b0, m0, rows);
 }
 
 #undef SSD_GROUP_PRODUCT
