@@ -206,8 +206,28 @@ SSD_TARGET_256 void attend_group(const T* q, const T* keys, const T* values, con
   }
 }
 
+// The horizontal sums of 16 vectors, lane j = _mm512_reduce_add_ps(d[j]) bit for bit: the same pairs added in the
+// same order (lanes i + 8, then i + 4, i + 2, i + 1), 16 keys at a time with shuffles in place of 16 reductions.
+SSD_TARGET_512 inline __m512 sums_of_16(const __m512* d) {
+  __m512 halves[8], quarters[4], eighths[2];
+  for (int m = 0; m < 8; ++m)  // keys 2m, 2m + 1: lanes i + (i + 8) in each 256-bit half
+    halves[m] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * m], d[2 * m + 1], 0x44),
+                              _mm512_shuffle_f32x4(d[2 * m], d[2 * m + 1], 0xEE));
+  for (int n = 0; n < 4; ++n)  // keys 4n .. 4n + 3, one per 128-bit lane: i + (i + 4)
+    quarters[n] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * n], halves[2 * n + 1], 0x88),
+                                _mm512_shuffle_f32x4(halves[2 * n], halves[2 * n + 1], 0xDD));
+  for (int r = 0; r < 2; ++r)  // 128-bit lane k: keys 8r + k (positions 0, 1) and 8r + 4 + k (2, 3): i + (i + 2)
+    eighths[r] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * r], quarters[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_ps(quarters[2 * r], quarters[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(eighths[0], eighths[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(eighths[0], eighths[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // lane 4k + t holds key 4t + k: back to key order
+  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), sums);
+}
+
 // AVX-512, D = 16 DV: GB query heads that share one KV head (their rows of q at q_rows), one query that sees keys
 // 0 .. visible - 1. Each key and value row is widened once for the GB heads, and the GB outputs stay in registers.
+// Scores go 16 keys at a time (sums_of_16: the bits of one reduction per key, as the tail takes them).
 // scores: [GB, S] scratch.
 template <typename T, int GB, int DV>
 SSD_TARGET_512 void attend_heads_512(const T* q, const int64_t* q_rows, const T* keys, const T* values,
@@ -216,11 +236,32 @@ SSD_TARGET_512 void attend_heads_512(const T* q, const int64_t* q_rows, const T*
   constexpr int64_t D = DV * 16;
   __m512 qv[GB][DV];
   float best[GB];
+  __m512 bests[GB];
   for (int g = 0; g < GB; ++g) {
     for (int v = 0; v < DV; ++v) qv[g][v] = load16(q + q_rows[g] + 16 * v);
     best[g] = -std::numeric_limits<float>::infinity();
+    bests[g] = _mm512_set1_ps(best[g]);
   }
-  for (int64_t j = 0; j < visible; ++j) {
+  int64_t j = 0;
+  alignas(64) __m512 dots[GB][16];
+  for (; j + 16 <= visible; j += 16) {
+    for (int k = 0; k < 16; ++k) {
+      __m512 key[DV];
+      for (int v = 0; v < DV; ++v) key[v] = load16(keys + slots[j + k] * D + 16 * v);
+      for (int g = 0; g < GB; ++g) {
+        __m512 dot = _mm512_mul_ps(qv[g][0], key[0]);
+        for (int v = 1; v < DV; ++v) dot = _mm512_fmadd_ps(qv[g][v], key[v], dot);
+        dots[g][k] = dot;
+      }
+    }
+    for (int g = 0; g < GB; ++g) {
+      const __m512 score = _mm512_mul_ps(sums_of_16(dots[g]), _mm512_set1_ps(scale));
+      _mm512_storeu_ps(scores + g * S + j, score);
+      bests[g] = _mm512_max_ps(bests[g], score);
+    }
+  }
+  for (int g = 0; g < GB; ++g) best[g] = _mm512_reduce_max_ps(bests[g]);
+  for (; j < visible; ++j) {
     __m512 key[DV];
     for (int v = 0; v < DV; ++v) key[v] = load16(keys + slots[j] * D + 16 * v);
     for (int g = 0; g < GB; ++g) {
@@ -231,16 +272,22 @@ SSD_TARGET_512 void attend_heads_512(const T* q, const int64_t* q_rows, const T*
       best[g] = std::max(best[g], score);
     }
   }
-  float total[GB];
-  for (int g = 0; g < GB; ++g) total[g] = exp_sum_512(scores + g * S, visible, best[g]);
+  for (int g = 0; g < GB; ++g) {  // the probabilities, divided 16 at a time (the same quotients)
+    float* row = scores + g * S;
+    const float total = exp_sum_512(row, visible, best[g]);
+    int64_t i = 0;
+    for (; i + 16 <= visible; i += 16)
+      _mm512_storeu_ps(row + i, _mm512_div_ps(_mm512_loadu_ps(row + i), _mm512_set1_ps(total)));
+    for (; i < visible; ++i) row[i] /= total;
+  }
   __m512 acc[GB][DV];
   for (int g = 0; g < GB; ++g)
     for (int v = 0; v < DV; ++v) acc[g][v] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < visible; ++j) {
+  for (j = 0; j < visible; ++j) {
     __m512 value[DV];
     for (int v = 0; v < DV; ++v) value[v] = load16(values + slots[j] * D + 16 * v);
     for (int g = 0; g < GB; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g * S + j] / total[g]);
+      const __m512 p = _mm512_set1_ps(scores[g * S + j]);
       for (int v = 0; v < DV; ++v) acc[g][v] = _mm512_fmadd_ps(p, value[v], acc[g][v]);
     }
   }

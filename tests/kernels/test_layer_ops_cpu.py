@@ -87,10 +87,10 @@ def test_store_kv_writes_what_index_copy_writes(ops, dtype):
     assert torch.equal(cache, expected)
 
 
-def _attention_case(dtype, seq_lens, q, seed=4):
+def _attention_case(dtype, seq_lens, q, seed=4, heads=6, kv_heads=2, d=16):
     """A cache with scattered slots; returns (queries [B * Q, H, D], cache, kv_slots [B, S], seq_lens)."""
     g = torch.Generator().manual_seed(seed)
-    heads, kv_heads, d, num_slots = 6, 2, 16, 256
+    num_slots = 256
     cache = torch.randn(2, kv_heads, num_slots, d, generator=g).to(dtype)
     s = max(seq_lens)
     kv_slots = torch.stack([torch.randperm(num_slots, generator=g)[:s] for _ in seq_lens])  # [B, S]
@@ -113,6 +113,19 @@ def test_paged_attention_matches_the_torch_path(ops, dtype, q):
     queries, cache, kv_slots, seq_lens = _attention_case(dtype, [9, 40, 23], q)
     out = ops.paged_attention(queries, cache, kv_slots, seq_lens, q, 0.25)
     assert out.dtype == dtype and _close(out, _reference(queries, cache, kv_slots, seq_lens, q, 0.25), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (8, 2, 128), (4, 4, 64)])
+def test_paged_attention_of_the_avx512_head_sizes_matches_the_torch_path(ops, dtype, heads, kv_heads, d):
+    """D = 64 / 128 run the AVX-512 kernel where the CPU has it (scores 16 keys at a time, then a tail): 5, 16, 37
+    and 200 keys against the torch path, and a query gets the same bits alone as in the batch."""
+    queries, cache, kv_slots, seq_lens = _attention_case(dtype, [5, 16, 37, 200], 2, heads=heads, kv_heads=kv_heads,
+                                                         d=d)
+    out = ops.paged_attention(queries, cache, kv_slots, seq_lens, 2, d**-0.5)
+    assert _close(out, _reference(queries, cache, kv_slots, seq_lens, 2, d**-0.5), dtype)
+    last = ops.paged_attention(queries[7:8], cache, kv_slots[3:], seq_lens[3:], 1, d**-0.5)
+    assert torch.equal(out[7:8], last)
 
 
 def test_a_query_gets_the_same_bits_alone_in_a_batch_in_a_verify_and_on_two_threads(ops):
