@@ -153,6 +153,16 @@ class Int4Matmul(nn.Module):
         w = Int4Weight(self.codes, sz[..., 0].t(), sz[..., 1].t()).dequantize(torch.float32)  # [N, K]
         return F.linear(x, w.to(x.dtype))
 
+    def kernel_name(self) -> str:
+        """What activations of the model's dtype run on: "own AMX tiles", "own bfloat16 loop", "own int8
+        activations", "own float", "torch int4pack" or "reference"."""
+        dtype = self.scales_and_zeros.dtype
+        if self._runs_bf16_kernel(dtype):
+            return "own AMX tiles" if self.own_bf16_path == AMX_BF16 else "own bfloat16 loop"
+        if self.runs_own_kernel(dtype):
+            return "own int8 activations" if self.kernel_choice == Int4Kernel.OWN_INT8 else "own float"
+        return "reference" if self.packed is None else "torch int4pack"
+
     def extra_repr(self) -> str:
         kernel = "reference" if self.packed is None else "int4pack"
         if self.has_own_kernel and self.kernel_choice != Int4Kernel.TORCH:
@@ -202,19 +212,10 @@ class Int8Matmul(nn.Module):
 
 
 def int4_kernels(model: nn.Module) -> str | None:
-    """What the model's int4 linears run on, for the engine's ready log: "own bfloat16 loop", "own AMX tiles",
-    "own float", "torch int4pack" or "reference" (several joined by " + "); None where it has no int4 linear."""
-    kinds = set()
-    for module in model.modules():
-        if isinstance(module, Int4Matmul):
-            dtype = module.scales_and_zeros.dtype
-            if module.own_bf16_blocks is not None and module.runs_own_kernel(dtype):
-                kinds.add("own AMX tiles" if module.own_bf16_path == AMX_BF16 else "own bfloat16 loop")
-            elif module.runs_own_kernel(dtype):
-                kinds.add("own float")
-            else:
-                kinds.add("reference" if module.packed is None else "torch int4pack")
-    return " + ".join(sorted(kinds)) or None
+    """What the model's int4 linears run on, for the engine's ready log (Int4Matmul.kernel_name, several joined by
+    " + "); None where it has no int4 linear."""
+    names = {m.kernel_name() for m in model.modules() if isinstance(m, Int4Matmul)}
+    return " + ".join(sorted(names)) or None
 
 
 def _own_layout(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -242,4 +242,6 @@ def test_the_int4_kernels_a_model_runs_are_named_for_the_ready_log():
     assert int4_kernels(model) == expected
     model[0].kernel_choice = Int4Kernel.TORCH
     assert int4_kernels(model) == torch_kernel
+    model[0].kernel_choice = Int4Kernel.OWN_INT8
+    assert int4_kernels(model) == ("own int8 activations" if model[0].has_own_kernel else torch_kernel)
     assert int4_kernels(torch.nn.Linear(4, 4)) is None
