@@ -90,13 +90,15 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     for err in speculations.errors:
                         bound.info("sequence error", seq_id=err.seq_id, code=err.code, error=err.message)
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=speculations)
+                elif kind == "catch_up":
+                    await self._catch_up(session, deadlines, msg.catch_up, bound)
                 elif kind == "release":
                     for seq_id in msg.release.seq_ids:
                         deadlines.forget(seq_id)
                     await self._in_worker(session.release, list(msg.release.seq_ids))
                 else:
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, error=draft_pb2.Error(
-                        code="INVALID_ARGUMENT", message="a SessionRequest needs hello, round or release"))
+                        code="INVALID_ARGUMENT", message="a SessionRequest needs hello, round, catch_up or release"))
         finally:
             sweeper.cancel()
             self._end_session(key)
@@ -114,6 +116,19 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
             self.worker.submit_build(session.build, result.build)
         result.speculations.errors.extend(screened.errors)
         return result.speculations
+
+    async def _catch_up(self, session: Session, deadlines: SessionDeadlines, round_: draft_pb2.Round,
+                        bound: structlog.BoundLogger) -> None:
+        """Screen a catch_up like a round and run it on the worker; no answer (a sequence refused here is forgotten,
+        and its next round's Outcome gets NOT_FOUND). Awaited like a round, so the next message is screened
+        against the sequences as the catch-up left them."""
+        screened = screen(round_, session, deadlines)
+        if screened.drop:
+            self.worker.submit(session.release, screened.drop)
+        for err in screened.errors:
+            bound.info("catch-up refused a sequence", seq_id=err.seq_id, code=err.code, error=err.message)
+        if screened.round is not None:
+            await self._in_worker(session.catch_up, screened.round)
 
     async def _expire(self, session: Session, deadlines: SessionDeadlines, bound: structlog.BoundLogger) -> None:
         """Drop the session's sequences whose deadline passed, whether or not the target sends their Release."""

@@ -187,6 +187,22 @@ class Session:
             self.build(result.build)
         return result.speculations
 
+    def catch_up(self, round_: draft_pb2.Round) -> None:
+        """A catch_up message (the target took plain steps): apply its prefills and outcomes, then bring the draft's
+        model state up to those sequences' committed tokens in one forward, answering nothing (worker thread). A
+        sequence refused here is forgotten (its next round's Outcome gets NOT_FOUND: the target re-sends it)."""
+        out = draft_pb2.Speculations()
+        ready = [seq for _, seq in self._apply(round_, out)]
+        for e in out.errors:
+            log.info("catch-up refused a sequence", target=self.target_id, seq_id=e.seq_id, code=e.code, error=e.message)
+        ready = [seq for seq in ready if not self.feature_width or seq.has_features]
+        if not ready:
+            return
+        try:
+            self.proposer.catch_up([self._request(seq, 0, None) for seq in ready])
+        except (InvalidRequestError, ResourceExhaustedError) as e:  # e.g. the draft's KV is full: its rounds catch up
+            log.warning("draft catch-up failed; the next rounds catch up instead", target=self.target_id, error=str(e))
+
     def answer(self, round_: draft_pb2.Round, wait_s: float = 0.0) -> RoundResult:
         """Apply prefills and outcomes, answer every sequence that is valid (SSD ones from the cache) and return
         the SSD build to run next. Runs in the draft's worker thread; `wait_s`: how long it queued for it."""

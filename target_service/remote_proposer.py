@@ -75,8 +75,11 @@ def fetch_feature_layers(addresses: str | list[str], timeout_s: float, tls: TlsF
 
 
 class RemoteProposer:
-    """`feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
+    """The draft works in its own process, so `catch_up` (a message, no answer) runs it beside the target.
+    `feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
     `ssd_options`: the session's SSD settings, sent in each session's Hello; None = the draft's defaults."""
+
+    feeds_in_background = True
 
     def __init__(self, addresses: str | list[str], target_id: str, vocab_size: int, timeout_s: float = 5.0,
                  reconnect_interval_s: float = 0.5, feature_layers: tuple[int, ...] = (),
@@ -222,10 +225,7 @@ class RemoteProposer:
         drafts work in parallel); a session that does not answer in time is closed and its sequences get empty
         speculations (they move to another draft on their next round)."""
         out = [Speculation([]) for _ in requests]
-        if self.sent_features is not None:
-            for r in requests:
-                if r.features is not None:
-                    self.sent_features.add(r.seq_id, r.features_start, r.features)
+        self._keep_features(requests)
         batches: dict[DraftSession, list[int]] = {}  # session -> indices into requests
         for i, r in enumerate(requests):
             session = self.pool.session_for(r.seq_id)
@@ -244,6 +244,33 @@ class RemoteProposer:
             for i, speculation in zip(indices, speculations, strict=True):
                 out[i] = speculation
         return out
+
+    def catch_up(self, requests: list[ProposeRequest]) -> None:
+        """After a plain step: each session holding some of these sequences gets one catch_up message (their
+        Prefills or Outcomes with features, as a round's), answered with nothing; the draft catches up while the
+        target steps on. The draft now holds every committed token, so the next round's Outcome carries none new
+        (num_accepted -1: no speculation was verified)."""
+        self._keep_features(requests)
+        batches: dict[DraftSession, list[ProposeRequest]] = {}
+        for r in requests:
+            session = self.pool.session_for(r.seq_id)
+            if session is not None:
+                batches.setdefault(session, []).append(r)
+        for session, batch in batches.items():
+            message = draft_pb2.Round()
+            entries = [(r, self._entry(session, r, message)) for r in batch]
+            if session.sends_features:
+                self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
+            session.send(draft_pb2.SessionRequest(round_id=0, catch_up=message))
+            for r in batch:
+                session.known[r.seq_id] = SentSequence(len(r.token_ids))
+
+    def _keep_features(self, requests: list[ProposeRequest]) -> None:
+        """Keep the requests' new features: a sequence's Prefill on another draft carries them all."""
+        if self.sent_features is not None:
+            for r in requests:
+                if r.features is not None:
+                    self.sent_features.add(r.seq_id, r.features_start, r.features)
 
     def _send_round(self, session: DraftSession, requests: list[ProposeRequest]) -> int:
         """Send the session's Round for these sequences (prefills for new ones, outcomes for the others)."""

@@ -192,7 +192,11 @@ class LLMEngine:
             for seq in batch.seqs:
                 seq.spec_counters.num_plain_steps += seq.params.adaptive and choice == PLAIN
                 seq.spec_counters.num_sd_rounds += seq.params.adaptive and choice == SD and decoder.overlaps(seq)
-        return self._commit(batch, outcomes, new_logprobs)
+        outputs = self._commit(batch, outcomes, new_logprobs)
+        if adaptive and choice == PLAIN:  # the drafts of the sequences held back keep up beside the target
+            decoder.catch_up([s for s in batch.seqs if s.params.adaptive and s.params.is_speculative
+                              and not s.is_finished])
+        return outputs
 
     def _speculative_round(self, seqs: list[Sequence], k: int,
                            choice: str) -> tuple[list[RoundOutcome], list[list[TokenLogprob] | None]]:

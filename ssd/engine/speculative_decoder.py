@@ -63,6 +63,14 @@ class SpeculativeDecoder:
     def release(self, seq_id: int) -> None:
         self.proposer.release(seq_id)
 
+    def catch_up(self, seqs: list[Sequence]) -> None:
+        """After a plain step: where the draft works beside the target, hand it what the sequences committed (and
+        their features), so it catches up meanwhile; their drafts have then seen every token."""
+        if seqs and self.proposer.feeds_in_background:
+            self.proposer.catch_up([self._request(s, 0) for s in seqs])
+            for seq in seqs:
+                seq.num_draft_seen = seq.num_tokens
+
     def overlaps(self, seq: Sequence) -> bool:
         """Whether the sequence speculates SSD-style: its draft builds the next answer while the target verifies (in
         one process: the engine's SSD config; with a remote draft: the request's mode)."""

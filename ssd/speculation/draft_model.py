@@ -42,6 +42,7 @@ class _DraftSeq:
 
 class DraftModelProposer:
     feature_layers: tuple[int, ...] = ()
+    feeds_in_background = False  # `catch_up` runs the draft now, on the caller's thread
 
     def __init__(self, path: Path, dtype: str, target_vocab_size: int, block_size: int = 16,
                  kv_cache_memory_mb: int = 256, linear_backend: str = "onednn",
@@ -72,6 +73,22 @@ class DraftModelProposer:
         start = min(state.num_cached_tokens, len(r.token_ids) - 1)
         self.worker.block_manager.ensure_capacity(state, len(r.token_ids) + room)
         return ForwardItem(r.token_ids[start:], start, state.block_table)
+
+    def catch_up(self, requests: list[ProposeRequest]) -> None:
+        """Write the draft KV of every committed token but the last (what the next proposal feeds) in one forward
+        for all sequences; no logits, nothing proposed."""
+        items, caught = [], []
+        for r in requests:
+            state = self.seqs.setdefault(r.seq_id, _DraftSeq())
+            start, end = min(state.num_cached_tokens, len(r.token_ids) - 1), len(r.token_ids) - 1
+            if end > start:
+                self.worker.block_manager.ensure_capacity(state, end)
+                items.append(ForwardItem(r.token_ids[start:end], start, state.block_table, num_logits=0))
+                caught.append((state, r))
+        if items:
+            self.worker.runner.forward(items, ForwardMode.VERIFY)
+        for state, r in caught:
+            state.num_cached_tokens, state.token_ids = len(r.token_ids) - 1, r.token_ids
 
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         """Roll the KV back to the committed tokens it holds right: those before the round, then the accepted

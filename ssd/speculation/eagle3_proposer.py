@@ -76,6 +76,12 @@ class Eagle3Proposer:
         """The draft tokens the grammar allows after each path."""
         return grammar.allowed(paths)[:, self._target_ids]
 
+    feeds_in_background = False  # `catch_up` runs the head now, on the caller's thread
+
+    def catch_up(self, requests: list[ProposeRequest]) -> None:
+        """Run the head over the real positions whose target features arrived, in one forward; nothing proposed."""
+        self._catch_up_many(requests)
+
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         pass  # the head rolls back by feature position: real features arrive with the next propose
 

@@ -55,6 +55,11 @@ class NgramProposer:
             out.append(Speculation(tokens, parents))
         return out
 
+    feeds_in_background = False
+
+    def catch_up(self, requests: list[ProposeRequest]) -> None:
+        pass  # it reads the committed tokens at each propose: no state to bring up
+
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         pass
 

@@ -2,7 +2,10 @@
 
 The engine calls, per decode round, `propose` for the batch, verifies, then `observe` once for each live
 sequence with the round's outcome as the verifier counted it (ssd/speculation/round_outcome.py); `release`
-when a sequence ends. A proposer keeps only model state (a draft model its own paged KV) and rolls it back by
+when a sequence ends. `catch_up` brings a draft up to the committed tokens without proposing. Where the draft
+works beside the target (`feeds_in_background`: the SSD speculator on its worker, a remote draft) the engine calls
+it after each plain step of mode auto, so the draft keeps up while it would idle instead of catching up on the
+critical path when speculation resumes; elsewhere it would only move a proposal's catch-up onto that path. A proposer keeps only model state (a draft model its own paged KV) and rolls it back by
 the outcome's length.
 """
 
@@ -40,12 +43,18 @@ class Proposer(Protocol):
     """Proposes speculations; needs the target's aux features of `feature_layers` (empty for most)."""
 
     feature_layers: tuple[int, ...]
+    feeds_in_background: bool  # whether `catch_up` returns at once while the draft works beside the caller
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]: ...
 
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         """What the round committed (one call per round per live sequence); anything past it was speculative.
         A sequence the proposer never saw is ignored."""
+        ...
+
+    def catch_up(self, requests: list[ProposeRequest]) -> None:
+        """Bring the draft's state up to each request's committed tokens but the last (and its features), proposing
+        nothing (`num_tokens` is ignored). A proposer without such state does nothing."""
         ...
 
     def release(self, seq_id: int) -> None: ...

@@ -78,6 +78,8 @@ class OverlappedSpeculator:
     worker builds the next cache, overlapping the caller's verify forward. It owns the sequences' DraftRecords
     (the dict on the caller's thread; what is in them on the worker's)."""
 
+    feeds_in_background = True  # `catch_up` queues the draft's work on the worker and returns
+
     def __init__(self, speculator: SsdSpeculator, worker: SpeculatorWorker | None = None) -> None:
         self.speculator = speculator
         self.worker = worker or SpeculatorWorker()
@@ -116,6 +118,12 @@ class OverlappedSpeculator:
             record.grammar = record.grammar or r.grammar.state.copy()
             record.answer_start = len(r.token_ids) - len(r.grammar.output_ids)
         return record
+
+    def catch_up(self, requests: list[ProposeRequest]) -> None:
+        """The draft catches up on the sequences' committed tokens on the worker (after any queued build), while
+        the caller goes on; their next answers are backups (nothing was built for a plain step)."""
+        own = [replace(r, token_ids=self._record(r).token_ids, grammar=None) for r in requests]
+        self.worker.submit(self.speculator.neural.catch_up, own)
 
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         record = self.records.get(seq_id)

@@ -159,6 +159,36 @@ def test_an_ngram_draft_serves_ssd_as_plain_sd_and_says_so_once():
     assert sum("plain SD" in e["event"] for e in logs) == 1
 
 
+def test_a_catch_up_brings_the_draft_up_and_the_next_round_answers_from_there(draft, greedy):
+    """Plain steps on the target: a catch_up Prefills the sequence and commits plain tokens, answering nothing; the
+    draft's KV then holds all but the newest token, and a round whose Outcome brings no new token answers from
+    there (a miss: nothing was built), proposing the greedy continuation."""
+    session = Session(draft.proposer, "test", ssd=draft.ssd)
+    tokens = [*PROMPT, greedy[0]]
+    session.catch_up(draft_pb2.Round(prefills=[prefill(1, tokens)]))
+    record = session.seqs[1]
+    assert draft.proposer.seqs[record.seq_id].num_cached_tokens == len(tokens) - 1
+    plain = draft_pb2.Outcome(seq_id=1, num_committed_before=len(tokens), new_token_ids=greedy[1:3], num_accepted=-1)
+    session.catch_up(draft_pb2.Round(outcomes=[plain]))
+    committed = [*tokens, *greedy[1:3]]
+    assert record.token_ids == committed
+    assert draft.proposer.seqs[record.seq_id].num_cached_tokens == len(committed) - 1
+    nothing_new = draft_pb2.Outcome(seq_id=1, num_committed_before=len(committed), num_accepted=-1)
+    answer = session.answer(draft_pb2.Round(num_speculative_tokens=K, outcomes=[nothing_new]))
+    item = answer.speculations.items[0]
+    assert not item.is_cache_hit and list(item.token_ids) == greedy[3 : 3 + K]
+    assert not answer.speculations.errors
+
+
+def test_a_catch_up_for_an_unknown_sequence_is_logged_and_the_session_goes_on(draft):
+    session = Session(draft.proposer, "test", ssd=draft.ssd)
+    stray = draft_pb2.Outcome(seq_id=9, num_committed_before=3, new_token_ids=[5], num_accepted=-1)
+    with capture_logs() as logs:
+        session.catch_up(draft_pb2.Round(outcomes=[stray], prefills=[prefill(2, PROMPT)]))
+    assert [(e["seq_id"], e["code"]) for e in logs if e["event"] == "catch-up refused a sequence"] == [(9, "NOT_FOUND")]
+    assert list(session.seqs) == [2]
+
+
 @pytest.fixture
 def server(draft):
     """A SpeculatorServicer on a real grpc.aio server, in a thread of its own."""
@@ -240,3 +270,19 @@ def test_ssd_flags_build_the_default_config(monkeypatch):
     assert not parse_args([]).ssd.fit_fan_out
     with pytest.raises(SystemExit):
         parse_args(["--saguaro-c", "2"])
+
+
+def test_a_catch_up_on_the_wire_gets_no_answer_and_the_next_round_sees_it(server, greedy):
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    with grpc.insecure_channel(f"127.0.0.1:{server['port']}") as channel:
+        answers = draft_pb2_grpc.SpeculatorStub(channel).Session(iter(requests.get, None), timeout=60)
+        requests.put(draft_pb2.SessionRequest(round_id=1, hello=draft_pb2.Hello(target_id="t", vocab_size=96)))
+        assert next(answers).HasField("ready")
+        tokens = [*PROMPT, greedy[0]]
+        requests.put(draft_pb2.SessionRequest(catch_up=draft_pb2.Round(prefills=[prefill(1, tokens)])))
+        requests.put(draft_pb2.SessionRequest(round_id=2, round=draft_pb2.Round(num_speculative_tokens=K, outcomes=[
+            draft_pb2.Outcome(seq_id=1, num_committed_before=len(tokens), num_accepted=-1)])))
+        answer = next(answers)  # the round's: the catch-up was answered with nothing
+        requests.put(None)
+    assert answer.round_id == 2 and not answer.speculations.errors
+    assert list(answer.speculations.items[0].token_ids) == greedy[1 : K + 1]
