@@ -4,7 +4,8 @@ Proposer work (model forwards) runs on the speculator's worker thread (ssd/specu
 so the event loop keeps serving and the proposer, which is not thread-safe, sees one call at a time across all
 sessions. SSD: a round's answer comes back from the worker, which queues the cache build right behind it, before
 the answer is even sent; the build runs while the answer travels and the target verifies, and the session's next
-round queues behind it and sees its cache.
+round queues behind it and sees its cache. A `catch_up` message (the target took plain steps) is applied like a round
+and runs the draft over the committed tokens on the worker, answered with nothing.
 """
 
 import asyncio

@@ -11,6 +11,9 @@ SSD: a sequence whose Prefill's mode is SSD (on a neural draft) is answered by t
 from its speculation cache, under the session's SSD settings (Hello.ssd over the draft's); `answer` returns
 the cache build to run after the answer is sent (`build`, queued by the servicer). Other sequences, and every one
 on an n-gram draft, get plain SD.
+
+Mode auto's plain steps: a `catch_up` message's prefills and outcomes are applied as a round's, then the proposer
+runs over the committed tokens (`catch_up`); nothing is answered.
 """
 
 import itertools

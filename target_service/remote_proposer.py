@@ -14,6 +14,9 @@ another draft (or a reopened session) carries them all. A Prefill whose prompt t
 served in part says so (`num_cached_tokens` = N) and carries features from position N - 1 only: the draft
 takes the rest from its own prefix cache, or answers FAILED_PRECONDITION, and the sequence is resent whole.
 
+Mode auto's plain steps: `catch_up` sends each session a `catch_up` message (the sequences' Prefills or Outcomes,
+with features, answered with nothing), so the draft keeps up while the target decodes plainly.
+
 SSD: a sequence whose request asks for ssd goes to the draft with Prefill.mode SSD; the session's Hello
 carries the optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
 """

@@ -8,9 +8,10 @@ far more from round to round than its time, and a streak of poor rounds that mad
 age out before its probes) over the median seconds of its last `window` steady steps; SSD and SD rounds share one
 yield (they draft alike, and measured apart at different times the text's drift would decide between them). It takes
 the fastest and probes the others now and then (a choice's speed drifts with the text and the load). The first step
-after a switch pays for the switch (a draft that sat out plain steps first catches up on every token it skipped; an
-SSD draft has no cache to answer from), so a probe runs up to `probe_steps` steps (fewer where its first rounds
-already leave it out of reach of the best) and only the later ones count as its speed; the first one counts only
+after a switch pays for the switch (a draft that sat out plain steps first catches up on every token it skipped,
+unless it was fed them meanwhile; an SSD draft has no cache to answer from and answers from its backup), so a probe
+runs up to `probe_steps` steps (fewer where its first rounds already leave it out of reach of the best) and only the
+later ones count as its speed, in time and in tokens; the first one counts only
 until a later one is measured (so a choice's first try runs to its second step at least, before another untried
 choice is tried). A probe of a slower choice costs time: its steady rounds' excess over what their tokens take at
 the best speed, and its switch: a fixed part and its draft's catch-up on the tokens it has not seen, fitted to the
@@ -88,10 +89,14 @@ class _Speed:
             return self.provisional[1] if self.provisional else 0.0
         return statistics.median(self.seconds)
 
-    def add(self, step: int, tokens: float, seconds: float, steady: bool) -> None:
+    def add(self, step: int, tokens: float, seconds: float, steady: bool, counts: bool = True) -> None:
         """One step of this choice (the bucket's `step`-th) committed `tokens` in `seconds`; a switch's settling
-        step stands in for the time only while no steady step is known."""
-        self.tokens.append((step, tokens))
+        step stands in for the time only while no steady step is known, and its tokens count toward the yield only
+        where `counts` (or none are known): an SSD round right after a switch answers from the backup (about 1 token
+        a sequence), so its tokens, like its time, belong to the switch, not to the choice's yield (counted, they
+        made each 4-round probe of SSD look poorer than its steady rounds: 4-5 tokens against 6-13 at batch 4)."""
+        if counts or not self.tokens:
+            self.tokens.append((step, tokens))
         if steady:
             self.seconds.append(seconds)
             self.provisional = None
@@ -124,7 +129,8 @@ class _Bucket:
     run: int = 0  # consecutive steps of the last choice taken here
     steps: int = 0  # decode steps taken here
     switch_costs: dict[str, SwitchCost] = field(default_factory=dict)  # choice -> what a switch to it costs here
-    switch: tuple[str, list[float], int] | None = None  # (choice, seconds of its switch steps, unseen tokens)
+    # (choice, (seconds, tokens at a full bucket) of its switch steps, unseen tokens)
+    switch: tuple[str, list[tuple[float, float]], int] | None = None
     last: str | None = None  # the last choice taken here
 
 
@@ -179,11 +185,13 @@ class ModeChooser:
         switched = prev is not None and choice != prev
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
-        steady = prev is None or b.run > self._switch_steps(choice, options)
-        self._track_switch(b, choice, seconds, unseen, switched, steady)
+        switch_steps = self._switch_steps(choice, options)
+        steady = prev is None or b.run > switch_steps
+        full = num_tokens * size / batch_size  # the tokens at a full bucket: a drained batch compares
+        self._track_switch(b, choice, (seconds, full), unseen, switched, steady)
         b.steps += 1
         speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
-        speed.add(b.steps, num_tokens * size / batch_size, seconds, steady)  # at a full bucket: drained ones compare
+        speed.add(b.steps, full, seconds, steady, counts=steady or self.probe_steps <= switch_steps)
         for other in b.speeds.values():
             other.age_out(b.steps, max(self.probe_steps, self.token_horizon // size), self.probe_steps)
         self._learn_switch_cost(b, options)
@@ -198,12 +206,14 @@ class ModeChooser:
         self.last = choice
 
     @staticmethod
-    def _track_switch(b: _Bucket, choice: str, seconds: float, unseen: int, switched: bool, steady: bool) -> None:
-        """Keep the seconds of a switch to speculating while it settles, to learn its cost from once it has."""
-        if switched and choice != PLAIN and unseen > 0:
-            b.switch = (choice, [seconds], unseen)
+    def _track_switch(b: _Bucket, choice: str, step: tuple[float, float], unseen: int, switched: bool,
+                      steady: bool) -> None:
+        """Keep the (seconds, tokens) of a switch to speculating while it settles, to learn its cost from once it
+        has (a switch whose draft kept up during the plain steps, nothing unseen, still answers with no cache)."""
+        if switched and choice != PLAIN:
+            b.switch = (choice, [step], unseen)
         elif not steady and b.switch is not None and b.switch[0] == choice:
-            b.switch[1].append(seconds)
+            b.switch[1].append(step)
 
     @staticmethod
     def _switch_steps(choice: str | None, options: tuple[str, ...]) -> int:
@@ -233,13 +243,15 @@ class ModeChooser:
 
     def _learn_switch_cost(self, b: _Bucket, options: tuple[str, ...]) -> None:
         """Once the switched-to choice's steady time is known: what its switch steps took beyond it, for the tokens
-        the draft had to catch up on (per token at most what the target's prefill takes)."""
+        the draft had to catch up on (per token at most what the target's prefill takes). Their tokens are not
+        charged: a round's yield varies too much to read one switch's shortfall from it (~1 token a sequence
+        after an SSD switch, against 1.3-2 steady, is left out of the yield and of the cost alike)."""
         if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
-        choice, seconds, unseen = b.switch
+        choice, steps, unseen = b.switch
         if b.last == choice and b.run <= self._switch_steps(choice, options):
             return  # still settling
-        excess = sum(s - b.speeds[choice].step_s for s in seconds)
+        excess = sum(s - b.speeds[choice].step_s for s, _ in steps)
         cost = b.switch_costs.setdefault(choice, SwitchCost())
         cost.learn(unseen, excess, self.forward_cost.prefill_seconds_per_token())
         b.switch = None
@@ -247,10 +259,10 @@ class ModeChooser:
     def _switch_s(self, b: _Bucket, choice: str, unseen: int) -> float:
         """What a switch to `choice` costs in bucket `b` with `unseen` tokens to catch up on: as its own switches
         there measured it (an SSD round after a switch also answers with no cache, an SD round does not); until
-        then the dearest known figure, that of other switches or what one more token adds to the target's forward
+        then (or while none of them had tokens to catch up on and this one has) the dearest known figure, that of other switches or what one more token adds to the target's forward
         (a catch-up's shape changes with the batch, so another bucket's figure may fall short)."""
         own = b.switch_costs.get(choice)
-        if own is not None:
+        if own is not None and (not unseen or own.reads_tokens):
             return own.seconds(unseen)
         known = [cost.seconds(unseen) for o in self.buckets.values() for cost in o.switch_costs.values()]
         return max([*known, (self.forward_cost.seconds_per_token() or 0.0) * unseen])

@@ -31,9 +31,14 @@ class SwitchCost:
     def known(self) -> bool:
         return bool(self.samples)
 
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether some switch had tokens to catch up on (else the part per token is unmeasured, not zero)."""
+        return any(unseen for unseen, _ in self.samples)
+
     def learn(self, unseen: int, excess_s: float, per_token_cap: float | None = None) -> None:
-        """One switch caught up on `unseen` (> 0) tokens and took `excess_s` more than a steady round; the part per
-        token is at most `per_token_cap` where one is known."""
+        """One switch caught up on `unseen` tokens (0: a draft kept up during plain steps) and took `excess_s` more than
+        steady rounds; the part per token is at most `per_token_cap` where one is known."""
         self.samples.append((unseen, max(0.0, excess_s)))
         self._fit(math.inf if per_token_cap is None else per_token_cap)
 
@@ -47,6 +52,9 @@ class SwitchCost:
         average."""
         us, es = zip(*self.samples, strict=True)
         mu, me = sum(us) / len(us), sum(es) / len(es)
+        if not any(us):  # drafts that kept up: nothing to read per token
+            self.per_token_s, self.fixed_s = 0.0, me
+            return
         spread = sum((u - mu) ** 2 for u in us)
         slope = sum((u - mu) * (e - me) for u, e in zip(us, es, strict=True)) / spread if spread else math.inf
         if slope > me / mu:  # alike tokens, or a line that would start below zero

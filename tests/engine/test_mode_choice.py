@@ -396,3 +396,32 @@ def test_ssd_greedy_output_identical_across_speculate_sd_and_plain_steps(tiny_ll
     assert draft_side.num_hits + draft_side.num_misses == target_side.num_cache_lookups  # SD rounds: no lookups
     assert target_side.num_drafts > target_side.num_cache_lookups
     assert all(0 < o.spec.num_sd_rounds < o.spec.num_drafts for o in outs)  # each request counts its SD rounds
+
+
+def test_an_ssd_switchs_backup_rounds_are_not_its_yield():
+    """Batch 1: plain steps 1 token in 25 ms (40 tok/s); SSD rounds 2.5 tokens in 50 ms (50 tok/s), but the two
+    rounds after a switch answer from the backup and bring 1 token each. Counted as SSD's yield, every probe's
+    backup rounds made SSD look slower than plain (1.75 tokens a round over a 4-round probe, 35 tok/s) and it stayed
+    plain; they belong to the switch: it speculates."""
+    chooser, last, run, picks = ModeChooser(), None, 0, []
+    for _ in range(400):
+        choice = chooser.choose(1, CHOICES, lookahead=4)
+        picks.append(choice)
+        run = run + 1 if choice == last else 1
+        drafted = 2 + len(picks) % 2  # 2 or 3 tokens: 2.5 a round
+        seconds, tokens = {PLAIN: (0.025, 1), SD: (0.060, drafted), SPECULATE: (0.050, 1 if run <= 2 else drafted)}[
+            choice]
+        chooser.record(1, choice, seconds, tokens, CHOICES)
+        last = choice
+    assert picks[-300:].count(SPECULATE) >= 250
+
+
+def test_a_switch_whose_draft_kept_up_is_learned_as_a_fixed_cost():
+    """A draft fed during the plain steps has nothing to catch up on at a switch (unseen 0); the switch still costs
+    its round with no cache, which the chooser learns as the fixed part."""
+    chooser = ModeChooser()
+    chooser.record(1, PLAIN, 0.025, 1, CHOICES)
+    for seconds in (0.040, 0.035, 0.026, 0.026):  # two settling rounds, then steady ones
+        chooser.record(1, SPECULATE, seconds, 2, CHOICES, unseen=0)
+    cost = chooser.buckets[(1, CHOICES)].switch_costs[SPECULATE]
+    assert cost.fixed_s == pytest.approx(0.014 + 0.009) and cost.per_token_s == 0.0

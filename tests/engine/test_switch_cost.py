@@ -33,3 +33,11 @@ def test_neither_part_goes_below_zero():
     cost = SwitchCost()
     cost.learn(5, -0.003)  # a switch round faster than the steady median
     assert cost.seconds(50) == 0.0
+
+
+def test_switches_with_nothing_to_catch_up_on_are_all_fixed_cost():
+    cost = SwitchCost()
+    for excess in (0.006, 0.008):
+        cost.learn(0, excess)
+    assert (cost.fixed_s, cost.per_token_s) == pytest.approx((0.007, 0.0))
+    assert cost.seconds(0) == pytest.approx(0.007) and not cost.reads_tokens
