@@ -129,8 +129,7 @@ class _Bucket:
     run: int = 0  # consecutive steps of the last choice taken here
     steps: int = 0  # decode steps taken here
     switch_costs: dict[str, SwitchCost] = field(default_factory=dict)  # choice -> what a switch to it costs here
-    # (choice, (seconds, tokens at a full bucket) of its switch steps, unseen tokens)
-    switch: tuple[str, list[tuple[float, float]], int] | None = None
+    switch: tuple[str, list[float], int] | None = None  # (choice, seconds of its switch steps, unseen tokens)
     last: str | None = None  # the last choice taken here
 
 
@@ -188,7 +187,7 @@ class ModeChooser:
         switch_steps = self._switch_steps(choice, options)
         steady = prev is None or b.run > switch_steps
         full = num_tokens * size / batch_size  # the tokens at a full bucket: a drained batch compares
-        self._track_switch(b, choice, (seconds, full), unseen, switched, steady)
+        self._track_switch(b, choice, seconds, unseen, switched, steady)
         b.steps += 1
         speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
         speed.add(b.steps, full, seconds, steady, counts=steady or self.probe_steps <= switch_steps)
@@ -206,14 +205,13 @@ class ModeChooser:
         self.last = choice
 
     @staticmethod
-    def _track_switch(b: _Bucket, choice: str, step: tuple[float, float], unseen: int, switched: bool,
-                      steady: bool) -> None:
-        """Keep the (seconds, tokens) of a switch to speculating while it settles, to learn its cost from once it
-        has (a switch whose draft kept up during the plain steps, nothing unseen, still answers with no cache)."""
+    def _track_switch(b: _Bucket, choice: str, seconds: float, unseen: int, switched: bool, steady: bool) -> None:
+        """Keep the seconds of a switch to speculating while it settles, to learn its cost from once it has (a
+        switch whose draft kept up during the plain steps, nothing unseen, still answers with no cache)."""
         if switched and choice != PLAIN:
-            b.switch = (choice, [step], unseen)
+            b.switch = (choice, [seconds], unseen)
         elif not steady and b.switch is not None and b.switch[0] == choice:
-            b.switch[1].append(step)
+            b.switch[1].append(seconds)
 
     @staticmethod
     def _switch_steps(choice: str | None, options: tuple[str, ...]) -> int:
@@ -248,10 +246,10 @@ class ModeChooser:
         after an SSD switch, against 1.3-2 steady, is left out of the yield and of the cost alike)."""
         if b.switch is None or not b.speeds[b.switch[0]].seconds:
             return
-        choice, steps, unseen = b.switch
+        choice, seconds, unseen = b.switch
         if b.last == choice and b.run <= self._switch_steps(choice, options):
             return  # still settling
-        excess = sum(s - b.speeds[choice].step_s for s, _ in steps)
+        excess = sum(s - b.speeds[choice].step_s for s in seconds)
         cost = b.switch_costs.setdefault(choice, SwitchCost())
         cost.learn(unseen, excess, self.forward_cost.prefill_seconds_per_token())
         b.switch = None
@@ -259,8 +257,9 @@ class ModeChooser:
     def _switch_s(self, b: _Bucket, choice: str, unseen: int) -> float:
         """What a switch to `choice` costs in bucket `b` with `unseen` tokens to catch up on: as its own switches
         there measured it (an SSD round after a switch also answers with no cache, an SD round does not); until
-        then (or while none of them had tokens to catch up on and this one has) the dearest known figure, that of other switches or what one more token adds to the target's forward
-        (a catch-up's shape changes with the batch, so another bucket's figure may fall short)."""
+        then (or while none of them had tokens to catch up on and this one has) the dearest known figure, that of
+        other switches or what one more token adds to the target's forward (a catch-up's shape changes with the
+        batch, so another bucket's figure may fall short)."""
         own = b.switch_costs.get(choice)
         if own is not None and (not unseen or own.reads_tokens):
             return own.seconds(unseen)

@@ -48,6 +48,8 @@ class _HeadSeq:
 
 
 class Eagle3Proposer:
+    feeds_in_background = False  # `catch_up` runs the head now, on the caller's thread
+
     def __init__(self, path: Path, target_embedding: torch.Tensor, target_config: ModelConfig, dtype: str,
                  device: str | torch.device | None = None, prefix_block_size: int = 16,
                  prefix_cache_blocks: int = 1024) -> None:
@@ -75,8 +77,6 @@ class Eagle3Proposer:
     def _allowed(self, grammar: AnswerGrammar, paths: list[list[int]]) -> torch.Tensor:  # [n, Vd] bool
         """The draft tokens the grammar allows after each path."""
         return grammar.allowed(paths)[:, self._target_ids]
-
-    feeds_in_background = False  # `catch_up` runs the head now, on the caller's thread
 
     def catch_up(self, requests: list[ProposeRequest]) -> None:
         """Run the head over the real positions whose target features arrived, in one forward; nothing proposed."""

@@ -14,6 +14,8 @@ from ssd.speculation.speculation import Speculation
 class NgramProposer:
     feature_layers: tuple[int, ...] = ()
 
+    feeds_in_background = False  # no state to bring up
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
@@ -54,8 +56,6 @@ class NgramProposer:
                     tokens.append(t)
             out.append(Speculation(tokens, parents))
         return out
-
-    feeds_in_background = False
 
     def catch_up(self, requests: list[ProposeRequest]) -> None:
         pass  # it reads the committed tokens at each propose: no state to bring up

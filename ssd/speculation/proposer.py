@@ -5,8 +5,8 @@ sequence with the round's outcome as the verifier counted it (ssd/speculation/ro
 when a sequence ends. `catch_up` brings a draft up to the committed tokens without proposing. Where the draft
 works beside the target (`feeds_in_background`: the SSD speculator on its worker, a remote draft) the engine calls
 it after each plain step of mode auto, so the draft keeps up while it would idle instead of catching up on the
-critical path when speculation resumes; elsewhere it would only move a proposal's catch-up onto that path. A proposer keeps only model state (a draft model its own paged KV) and rolls it back by
-the outcome's length.
+critical path when speculation resumes; elsewhere it would only move a proposal's catch-up onto that path. A
+proposer keeps only model state (a draft model its own paged KV) and rolls it back by the outcome's length.
 """
 
 from dataclasses import dataclass
