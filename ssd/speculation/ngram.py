@@ -13,7 +13,6 @@ from ssd.speculation.speculation import Speculation
 
 class NgramProposer:
     feature_layers: tuple[int, ...] = ()
-
     feeds_in_background = False  # no state to bring up
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
