@@ -48,30 +48,6 @@ def _generate(engine: LLMEngine, params: SamplingParams) -> list[list[int]]:
     return [tokens[i] for i in ids]
 
 
-def test_sd_rounds_of_remote_ssd_sequences_build_nothing_and_keep_greedy_output(models, draft_address):
-    target, _ = models
-    config = EngineConfig(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
-    plain = _generate(LLMEngine(config), SamplingParams(max_tokens=20, ignore_eos=True))
-    proposer = RemoteProposer(draft_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05)
-    try:
-        assert wait_for(lambda: proposer.is_connected)
-        session = proposer.pool.sessions[0]
-        sent, send = [], session.send
-        session.send = lambda message: (sent.append(message), send(message))[1]
-        engine = LLMEngine(replace(config, speculation=remote_speculation(K, None, 8)), proposer=proposer)
-        engine.mode_chooser = CyclingChooser()
-        params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
-        assert _generate(engine, params) == plain
-        rounds = engine.mode_chooser.num_rounds
-        assert min(rounds[SPECULATE], rounds[SD], rounds[PLAIN]) > 0
-        sd_rounds = [m.round for m in sent if m.HasField("round") and m.round.sd_round_seq_ids]
-        assert len(sd_rounds) == rounds[SD]
-        counters = engine.speculative_decoder.counters
-        assert 0 < counters.num_cache_lookups < counters.num_drafts  # SD rounds are no lookups
-    finally:
-        proposer.close()
-
-
 class _PlainFirst(CyclingChooser):
     """Cycles plain, speculate, sd: the first decode step is plain, so the draft first hears of the sequences in a
     catch-up."""
@@ -80,35 +56,53 @@ class _PlainFirst(CyclingChooser):
         return options[(sum(self.num_rounds.values()) + len(options) - 1) % len(options)]
 
 
-def test_plain_steps_feed_the_remote_draft_and_output_stays_greedy(models, draft_address):
-    """After each plain step the target sends the draft what it committed (a catch_up message, no answer awaited);
-    the draft then holds every token, so the next round's Outcome brings none new; greedy output equals AR."""
-    target, _ = models
+def _adaptive_run(target, address: str, chooser: CyclingChooser,  # noqa: ANN001 - a model folder
+                  feature_layers: tuple[int, ...] = ()) -> tuple[LLMEngine, list]:
+    """Adaptive SSD requests on a target engine speculating with the draft at `address` under `chooser`; asserts
+    greedy output equals plain AR's and returns the engine and every SessionRequest its session sent."""
     config = EngineConfig(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
     plain = _generate(LLMEngine(config), SamplingParams(max_tokens=20, ignore_eos=True))
-    proposer = RemoteProposer(draft_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05)
+    proposer = RemoteProposer(address, "test", 96, timeout_s=10, reconnect_interval_s=0.05,
+                              feature_layers=feature_layers)
     try:
         assert wait_for(lambda: proposer.is_connected)
         session = proposer.pool.sessions[0]
         sent, send = [], session.send
         session.send = lambda message: (sent.append(message), send(message))[1]
         engine = LLMEngine(replace(config, speculation=remote_speculation(K, None, 8)), proposer=proposer)
-        engine.mode_chooser = _PlainFirst()
+        engine.mode_chooser = chooser
         params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
         assert _generate(engine, params) == plain
-        catch_ups = [m for m in sent if m.HasField("catch_up")]
-        assert 0 < len(catch_ups) <= engine.mode_chooser.num_rounds[PLAIN]
-        assert all(m.round_id == 0 for m in catch_ups)
-        assert any(m.catch_up.prefills for m in catch_ups)  # a sequence's first step was plain: prefilled there
-        fed = False
-        for message in sent:
-            if message.HasField("catch_up"):
-                fed = True
-            elif message.HasField("round") and fed:  # the round right after a catch-up: nothing new to bring
-                assert message.round.outcomes and all(not o.new_token_ids for o in message.round.outcomes)
-                fed = False
+        return engine, sent
     finally:
         proposer.close()
+
+
+def test_sd_rounds_of_remote_ssd_sequences_build_nothing_and_keep_greedy_output(models, draft_address):
+    engine, sent = _adaptive_run(models[0], draft_address, CyclingChooser())
+    rounds = engine.mode_chooser.num_rounds
+    assert min(rounds[SPECULATE], rounds[SD], rounds[PLAIN]) > 0
+    sd_rounds = [m.round for m in sent if m.HasField("round") and m.round.sd_round_seq_ids]
+    assert len(sd_rounds) == rounds[SD]
+    counters = engine.speculative_decoder.counters
+    assert 0 < counters.num_cache_lookups < counters.num_drafts  # SD rounds are no lookups
+
+
+def test_plain_steps_feed_the_remote_draft_and_output_stays_greedy(models, draft_address):
+    """After each plain step the target sends the draft what it committed (a catch_up message, no answer awaited);
+    the draft then holds every token, so the next round's Outcome brings none new; greedy output equals AR."""
+    engine, sent = _adaptive_run(models[0], draft_address, _PlainFirst())
+    catch_ups = [m for m in sent if m.HasField("catch_up")]
+    assert 0 < len(catch_ups) <= engine.mode_chooser.num_rounds[PLAIN]
+    assert all(m.round_id == 0 for m in catch_ups)
+    assert any(m.catch_up.prefills for m in catch_ups)  # a sequence's first step was plain: prefilled there
+    fed = False
+    for message in sent:
+        if message.HasField("catch_up"):
+            fed = True
+        elif message.HasField("round") and fed:  # the round right after a catch-up: nothing new to bring
+            assert message.round.outcomes and all(not o.new_token_ids for o in message.round.outcomes)
+            fed = False
 
 
 @pytest.fixture(scope="module")
@@ -124,24 +118,9 @@ def eagle_address(models, tmp_path_factory):
 def test_plain_steps_feed_a_remote_eagle3_head_its_features(models, eagle_address):
     """The same with an EAGLE-3 head: each catch-up carries the plain steps' target features, which the head runs
     over; the sequences keep drafting (no feature gap) and greedy output equals AR."""
-    target, _ = models
-    config = EngineConfig(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
-    plain = _generate(LLMEngine(config), SamplingParams(max_tokens=20, ignore_eos=True))
     layers = fetch_feature_layers(eagle_address, timeout_s=10)
-    proposer = RemoteProposer(eagle_address, "test", 96, timeout_s=10, reconnect_interval_s=0.05,
-                              feature_layers=layers)
-    try:
-        assert wait_for(lambda: proposer.is_connected)
-        session = proposer.pool.sessions[0]
-        sent, send = [], session.send
-        session.send = lambda message: (sent.append(message), send(message))[1]
-        engine = LLMEngine(replace(config, speculation=remote_speculation(K, None, 8)), proposer=proposer)
-        engine.mode_chooser = _PlainFirst()
-        params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
-        assert _generate(engine, params) == plain
-        catch_ups = [m.catch_up for m in sent if m.HasField("catch_up")]
-        assert catch_ups and all(e.HasField("features") for m in catch_ups for e in [*m.prefills, *m.outcomes])
-        counters = engine.speculative_decoder.counters
-        assert counters.num_draft_tokens > 0 and counters.num_accepted_tokens > 0
-    finally:
-        proposer.close()
+    engine, sent = _adaptive_run(models[0], eagle_address, _PlainFirst(), feature_layers=layers)
+    catch_ups = [m.catch_up for m in sent if m.HasField("catch_up")]
+    assert catch_ups and all(e.HasField("features") for m in catch_ups for e in [*m.prefills, *m.outcomes])
+    counters = engine.speculative_decoder.counters
+    assert counters.num_draft_tokens > 0 and counters.num_accepted_tokens > 0
