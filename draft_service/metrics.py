@@ -4,7 +4,8 @@ Under `model_name` = the draft (so they never add up with the target's series): 
 (`vllm:num_requests_running`), its KV use and the draft tokens it generated (`vllm:generation_tokens`).
 Acceptance is the target's to count (target_service/metrics.py). The SSD side: speculation-cache answers,
 backups, and the time cache builds take, to set against the target's verify time. The EAGLE-3 head's own
-prefix cache: head positions asked of it and restored from it (`ssd:draft_prefix_cache_*`). Read at scrape time.
+prefix cache: head positions asked of it and restored from it (`ssd:draft_prefix_cache_*`). The catch-ups of mode
+auto's plain steps (`ssd:draft_catch_up*`). Read at scrape time.
 """
 
 from collections.abc import Iterator
@@ -41,6 +42,12 @@ class _DraftCollector:
         yield self._family(GaugeMetricFamily, "ssd:draft_sessions", "Open sessions (one per target)", len(sessions))
         yield self._family(CounterMetricFamily, "ssd:draft_speculations",
                            "Speculations answered (one per sequence per round)", sv.counters.num_drafts)
+        yield self._family(CounterMetricFamily, "ssd:draft_catch_ups",
+                           "catch_up messages taken: targets' plain steps (mode auto) the draft caught up on",
+                           sv.num_catch_ups)
+        yield self._family(CounterMetricFamily, "ssd:draft_catch_up_tokens",
+                           "Committed tokens the catch_up messages brought (run beside the targets' plain steps)",
+                           sv.num_catch_up_tokens)
         yield from self._ssd(sv.ssd.counters if sv.ssd is not None else SsdCounters())
         prefix = getattr(sv.proposer, "prefix_cache", None)
         yield from self._prefix(prefix.counters if prefix is not None else HeadPrefixCounters())

@@ -39,6 +39,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         self.feature_layers = list(draft.proposer.feature_layers)  # target layers the draft needs features of
         self.sessions: dict[str, Session] = {}
         self.counters = SpecStats()  # rounds and draft tokens proposed (acceptance is the target's)
+        self.num_catch_ups = 0  # catch_up messages taken (the targets' plain steps of mode auto)
+        self.num_catch_up_tokens = 0  # committed tokens they brought
         self.worker = SpeculatorWorker("proposer")
 
     async def _in_worker(self, fn, *args):  # noqa: ANN001, ANN202 - thin hop onto the worker thread
@@ -129,6 +131,9 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
         for err in screened.errors:
             bound.info("catch-up refused a sequence", seq_id=err.seq_id, code=err.code, error=err.message)
         if screened.round is not None:
+            self.num_catch_ups += 1
+            self.num_catch_up_tokens += sum(len(p.token_ids) for p in screened.round.prefills) + sum(
+                len(o.new_token_ids) for o in screened.round.outcomes)
             await self._in_worker(session.catch_up, screened.round)
 
     async def _expire(self, session: Session, deadlines: SessionDeadlines, bound: structlog.BoundLogger) -> None:

@@ -12,7 +12,8 @@ from draft_service.servicer import SpeculatorServicer
 TYPES = {"vllm:num_requests_running": "gauge", "vllm:kv_cache_usage_perc": "gauge",
          "vllm:generation_tokens": "counter", "ssd:draft_sessions": "gauge", "ssd:draft_speculations": "counter",
          "ssd:speculation_cache_hits": "counter", "ssd:speculation_cache_misses": "counter",
-         "ssd:speculation_backups": "counter", "ssd:speculation_cache_build_seconds": "counter"}
+         "ssd:speculation_backups": "counter", "ssd:speculation_cache_build_seconds": "counter",
+         "ssd:draft_catch_ups": "counter", "ssd:draft_catch_up_tokens": "counter"}
 
 
 def scrape(servicer: SpeculatorServicer, name: str) -> dict[str, tuple[str, dict[tuple, float]]]:
@@ -38,6 +39,7 @@ def test_a_neural_drafts_series_follow_its_counters(tiny_llama) -> None:
         servicer.counters.record(2, 0, 0)
         servicer.ssd.counters.num_hits, servicer.ssd.counters.num_neural_backups = 4, 1
         servicer.ssd.counters.build_s = 0.25
+        servicer.num_catch_ups, servicer.num_catch_up_tokens = 2, 7
         busy = scrape(servicer, "tiny-draft")
     finally:
         servicer.worker.close()
@@ -46,6 +48,7 @@ def test_a_neural_drafts_series_follow_its_counters(tiny_llama) -> None:
     assert busy["ssd:speculation_cache_hits"][1] == {(): 4}
     assert busy["ssd:speculation_backups"][1] == {("fast",): 0, ("neural",): 1}
     assert busy["ssd:speculation_cache_build_seconds"][1] == {(): 0.25}
+    assert busy["ssd:draft_catch_ups"][1] == {(): 2} and busy["ssd:draft_catch_up_tokens"][1] == {(): 7}
 
 
 def test_an_ngram_draft_has_no_kv() -> None:

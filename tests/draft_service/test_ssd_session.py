@@ -200,7 +200,8 @@ def server(draft):
         server = aio.server()
         draft_pb2_grpc.add_SpeculatorServicer_to_server(servicer, server)
         stop = asyncio.Event()
-        state.update(port=server.add_insecure_port("127.0.0.1:0"), stop=stop, loop=asyncio.get_running_loop())
+        state.update(port=server.add_insecure_port("127.0.0.1:0"), stop=stop, loop=asyncio.get_running_loop(),
+                     servicer=servicer)
         await server.start()
         started.set()
         await stop.wait()
@@ -286,3 +287,5 @@ def test_a_catch_up_on_the_wire_gets_no_answer_and_the_next_round_sees_it(server
         requests.put(None)
     assert answer.round_id == 2 and not answer.speculations.errors
     assert list(answer.speculations.items[0].token_ids) == greedy[1 : K + 1]
+    servicer = server["servicer"]
+    assert (servicer.num_catch_ups, servicer.num_catch_up_tokens) == (1, len(tokens))
