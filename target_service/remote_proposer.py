@@ -229,13 +229,8 @@ class RemoteProposer:
         speculations (they move to another draft on their next round)."""
         out = [Speculation([]) for _ in requests]
         self._keep_features(requests)
-        batches: dict[DraftSession, list[int]] = {}  # session -> indices into requests
-        for i, r in enumerate(requests):
-            session = self.pool.session_for(r.seq_id)
-            if session is not None:
-                batches.setdefault(session, []).append(i)
         sent = [(session, indices, self._send_round(session, [requests[i] for i in indices]))
-                for session, indices in batches.items()]
+                for session, indices in self._by_session(requests).items()]
         deadline = time.monotonic() + self.timeout_s
         for session, indices, round_id in sent:
             answer = session.receive(round_id, max(deadline - time.monotonic(), 0.001))
@@ -254,19 +249,28 @@ class RemoteProposer:
         target steps on. The draft now holds every committed token, so the next round's Outcome carries none new
         (num_accepted -1: no speculation was verified)."""
         self._keep_features(requests)
-        batches: dict[DraftSession, list[ProposeRequest]] = {}
-        for r in requests:
-            session = self.pool.session_for(r.seq_id)
-            if session is not None:
-                batches.setdefault(session, []).append(r)
-        for session, batch in batches.items():
+        for session, indices in self._by_session(requests).items():
+            batch = [requests[i] for i in indices]
             message = draft_pb2.Round()
-            entries = [(r, self._entry(session, r, message)) for r in batch]
-            if session.sends_features:
-                self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
+            self._add_sequences(session, batch, message)
             session.send(draft_pb2.SessionRequest(round_id=0, catch_up=message))
             for r in batch:
                 session.known[r.seq_id] = SentSequence(len(r.token_ids))
+
+    def _by_session(self, requests: list[ProposeRequest]) -> dict[DraftSession, list[int]]:
+        """The indices into `requests` of each healthy draft session's sequences (the pool places new ones)."""
+        batches: dict[DraftSession, list[int]] = {}
+        for i, r in enumerate(requests):
+            session = self.pool.session_for(r.seq_id)
+            if session is not None:
+                batches.setdefault(session, []).append(i)
+        return batches
+
+    def _add_sequences(self, session: DraftSession, requests: list[ProposeRequest], round_: draft_pb2.Round) -> None:
+        """Each sequence's Prefill (new to the draft) or Outcome (the delta) into `round_`, with its features."""
+        entries = [(r, self._entry(session, r, round_)) for r in requests]
+        if session.sends_features:
+            self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
 
     def _keep_features(self, requests: list[ProposeRequest]) -> None:
         """Keep the requests' new features: a sequence's Prefill on another draft carries them all."""
@@ -281,10 +285,8 @@ class RemoteProposer:
         tree = next((r.tree for r in requests if r.tree is not None), None)
         if tree is not None:
             round_.tree.CopyFrom(draft_pb2.TreeShape(budget=tree.budget, depth=tree.depth, top_k=tree.top_k))
-        entries = [(r, self._entry(session, r, round_)) for r in requests]
+        self._add_sequences(session, requests, round_)
         round_.sd_round_seq_ids.extend(r.seq_id for r in requests if r.sd_round)
-        if session.sends_features:
-            self._attach_features(session, [(self._replayed(r, msg), msg) for r, msg in entries])
         round_id = next(self._round_ids)
         session.send(draft_pb2.SessionRequest(round_id=round_id, round=round_))
         return round_id
