@@ -81,6 +81,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", type=_sweep, default=None,
                    help="repeat the speculative modes over values in one process, e.g. k=2,4,6 (batch=1,4,8 "
                         "sweeps every mode)")
+    p.add_argument("--interleave", action="store_true",
+                   help="the modes of a batch size take turns group by group instead of running one after another, "
+                        "so their ratios see the same minutes of the machine (each mode keeps its own engine)")
     p.add_argument("--plot", type=Path, default=None, help="draw tokens/s per mode and data set (PNG)")
     p.add_argument("--against", default=None, metavar="URL",
                    help="benchmark a running OpenAI-compatible server (e.g. our gateway) over HTTP instead")
@@ -113,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
             import os
 
             os.sched_setaffinity(0, {args.target_core})
-        runs = run_benchmarks(base, args.mode, batches, prompts, None if sweep and sweep[0] == "batch" else sweep)
+        runs = run_benchmarks(base, args.mode, batches, prompts, None if sweep and sweep[0] == "batch" else sweep,
+                              interleave=args.interleave)
     command = "ssd " + " ".join(sys.argv[sys.argv.index("bench"):]) if "bench" in sys.argv else None
     for r in runs:
         r["command"] = command

@@ -3,7 +3,8 @@
 A group of `batch` prompts is generated together; its prefill time is the time to the last
 first token, its decode time the rest. Every prompt generates exactly `output_len` tokens
 (EOS does not stop it). Several modes and batch sizes run in one process, one after another,
-so their ratios are measured under the same machine conditions.
+so their ratios are measured under the same machine conditions; with `interleave` the modes of
+a batch size take turns group by group, so they share the same minutes too.
 """
 
 import hashlib
@@ -138,57 +139,72 @@ def by_dataset(prompts: list[Prompt]) -> dict[str, list[Prompt]]:
 
 
 def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], prompts: list[Prompt],
-                   sweep: tuple[str, list] | None = None) -> list[dict]:
+                   sweep: tuple[str, list] | None = None, interleave: bool = False) -> list[dict]:
     """Every (mode, batch[, swept value], dataset) over the same prompts, in this process; one result dict each.
 
     `sweep` = (BenchSettings field, values) repeats the speculative modes at each value (e.g. ("k", [2, 4, 6]));
-    a runner (and its model) is built once per setting and reused across the data sets.
+    a runner (and its model) is built once per setting and reused across the data sets. One after another, each
+    setting runs every data set before the next starts; with `interleave`, the settings of a batch size take turns
+    group by group (group 1 in every mode, then group 2, ...; each mode's warm-up first), so a slow minute of the machine falls on all of them
+    and their ratios hold where whole runs, minutes apart, differ by more than the modes do.
     """
     torch.set_num_threads(base.threads)
     ar = LLM(base.model, **base.engine_options(max(batches)))
     encoded = {name: render_prompts(ar, group) for name, group in by_dataset(prompts).items()}
     params = SamplingParams(temperature=base.temperature, max_tokens=base.output_len, ignore_eos=True, seed=1234,
                             draft_temperature=base.draft_temperature)
+    entries = [(replace(base, mode=mode, batch=batch, **({sweep[0]: value} if value is not None else {})), value)
+               for mode in modes for batch in batches
+               for value in (sweep[1] if sweep and mode in SPECULATIVE_MODES else [None])]
+    together = [[e for e in entries if e[0].batch == b] for b in batches] if interleave else [[e] for e in entries]
     results: list[dict] = []
     first_outputs: dict[str, list[list[int]]] = {}
-    for mode in modes:
-        values = sweep[1] if sweep and mode in SPECULATIVE_MODES else [None]
-        for batch in batches:
-            for value in values:
-                settings = replace(base, mode=mode, batch=batch, **({sweep[0]: value} if value is not None else {}))
-                closers: list = []
-                try:
-                    run, llm = _build_runner(settings, ar, params, closers)
-                    for dataset, group in encoded.items():
-                        result = _run_one(replace(settings, dataset=dataset), run, llm, group)
-                        outputs = result.pop("_outputs")
-                        result["outputs_text_sha256"] = texts_sha256([ar.decode(ids) for ids in outputs])
-                        result.update(agreement(outputs, first_outputs.setdefault(dataset, outputs)))
-                        if value is not None:
-                            result["sweep"] = {sweep[0]: value}
-                        results.append(result)
-                finally:
-                    for close in reversed(closers):
-                        close()
+    for turn in together:
+        closers: list = []
+        try:
+            runners = [(settings, *_build_runner(settings, ar, params, closers)) for settings, _ in turn]
+            for dataset, group in encoded.items():
+                runs = [(replace(settings, dataset=dataset), run, llm) for settings, run, llm in runners]
+                for result, (_, value) in zip(_run_in_turn(runs, group), turn, strict=True):
+                    outputs = result.pop("_outputs")
+                    result["outputs_text_sha256"] = texts_sha256([ar.decode(ids) for ids in outputs])
+                    result.update(agreement(outputs, first_outputs.setdefault(dataset, outputs)))
+                    if sweep is not None and value is not None:
+                        result["sweep"] = {sweep[0]: value}
+                    if interleave:
+                        result["interleaved"] = True
+                    results.append(result)
+        finally:
+            for close in reversed(closers):
+                close()
     return results
 
 
-def _run_one(settings: BenchSettings, run: Runner, llm: LLM | None, encoded: list[list[int]]) -> dict:
-    """Warm up, then time every group of `settings.batch` prompts; the summary plus the raw outputs."""
-    for i in range(min(settings.warmup, len(encoded))):
-        run(encoded[i : i + 1])
-    before, rounds_before = _counters(llm), _chooser_rounds(llm)
-    batch = settings.batch
-    timings = [
-        run(encoded[i : i + batch])
-        for i in tqdm(range(0, len(encoded), batch), desc=f"bench {settings.mode} batch {batch} {settings.dataset}",
-                      unit="group")
-    ]
-    result = summarize(settings, encoded, timings, _delta(before, _counters(llm)))
-    if settings.mode.endswith(AUTO):  # what the mode chooser took: decode steps of each choice
-        result["adaptive_rounds"] = {c: n - rounds_before[c] for c, n in _chooser_rounds(llm).items()}
-    result["_outputs"] = [ids for t in timings for ids in t.token_ids]
-    return result
+Run = tuple[BenchSettings, Runner, LLM | None]  # a setting (its data set and batch size), its runner and engine
+
+
+def _run_in_turn(runs: list[Run], encoded: list[list[int]]) -> list[dict]:
+    """Warm every run up, then time every group of `batch` prompts in each run in turn (one run: one after another);
+    per run the summary plus the raw outputs. The runs share a batch size."""
+    batch = runs[0][0].batch
+    for settings, run, _ in runs:
+        for i in range(min(settings.warmup, len(encoded))):
+            run(encoded[i : i + 1])
+    before = [(_counters(llm), _chooser_rounds(llm)) for _, _, llm in runs]
+    timings: list[list[GroupTiming]] = [[] for _ in runs]
+    label = "/".join(settings.mode for settings, _, _ in runs)
+    for i in tqdm(range(0, len(encoded), batch), desc=f"bench {label} batch {batch} {runs[0][0].dataset}",
+                  unit="group"):
+        for timed, (_, run, _) in zip(timings, runs, strict=True):
+            timed.append(run(encoded[i : i + batch]))
+    results = []
+    for (settings, _, llm), timed, (counters, rounds) in zip(runs, timings, before, strict=True):
+        result = summarize(settings, encoded, timed, _delta(counters, _counters(llm)))
+        if settings.mode.endswith(AUTO):  # what the mode chooser took: decode steps of each choice
+            result["adaptive_rounds"] = {c: n - rounds[c] for c, n in _chooser_rounds(llm).items()}
+        result["_outputs"] = [ids for t in timed for ids in t.token_ids]
+        results.append(result)
+    return results
 
 
 def _chooser_rounds(llm: LLM | None) -> dict[str, int]:
