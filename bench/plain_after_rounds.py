@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Collection
 
 import torch
 
@@ -36,7 +37,8 @@ class ScriptedChooser(ModeChooser):
         self.every, self.rounds, self.steps, self.after_round = every, rounds, 0, 10**9
         self.plain_s: dict[str, list[float]] = defaultdict(list)
 
-    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0, unseen: int = 0) -> str:
+    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0, unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
         return SPECULATE if self.every and self.steps % self.every < self.rounds else PLAIN
 
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,

@@ -12,6 +12,7 @@ requests held to plain steps too: what an idle remote draft costs the target's p
 import argparse
 import os
 import time
+from collections.abc import Collection
 
 import torch
 
@@ -25,7 +26,8 @@ from ssd.sampling.params import SamplingParams
 
 class AlwaysPlain(ModeChooser):
     def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
-               unseen: int = 0) -> str:
+               unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
         return PLAIN
 
 

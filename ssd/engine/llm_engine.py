@@ -169,7 +169,9 @@ class LLMEngine:
         unseen = 0  # tokens the adaptive sequences' drafts have not seen (what a switch to speculating catches up)
         if adaptive:
             unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)
-        choice = self.mode_chooser.choose(len(batch.seqs), options, k, unseen) if adaptive else SPECULATE
+        choice = SPECULATE
+        if adaptive:
+            choice = self.mode_chooser.choose(len(batch.seqs), options, k, unseen, [s.seq_id for s in batch.seqs])
         started = time.perf_counter()
         if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):
             outcomes, new_logprobs = self._speculative_round(batch.seqs, k, choice)

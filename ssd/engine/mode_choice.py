@@ -25,6 +25,10 @@ step where that leaves it out of reach of the best (its mean tokens per step plu
 batch weighs two slower choices (SD and plain steps); when each had its own 3%, and one within reach was probed
 every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
 
+What speculation yields is a property of the text, so a bucket whose batch has half its sequences new since it last
+looked (at batch 1, every new request) re-measures it: where plain steps lead, speculation is probed at once, its first
+rounds settle as after a switch, and its new rounds replace the old text's once there are enough of them.
+
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
 line through the engine's decode steps and verifies of other sizes (ForwardCost), and the round's yield is the
@@ -44,6 +48,7 @@ it. Output stays exact either way: speculation is lossless, so a switch changes 
 import math
 import statistics
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ssd.engine.forward_cost import ForwardCost
@@ -109,6 +114,13 @@ class _Speed:
         while len(self.tokens) > keep and self.tokens[0][0] < now - horizon:
             self.tokens.popleft()
 
+    def forget_before(self, step: int, once: int) -> None:
+        """Forget the tokens of steps before the bucket's `step`-th once `once` steps from then on are known (until
+        then the older ones stand in for them)."""
+        if sum(s >= step for s, _ in self.tokens) >= once:
+            while self.tokens[0][0] < step:
+                self.tokens.popleft()
+
     def could_reach(self, tok_s: float, batch_size: int) -> bool:
         """Whether its tokens per step measured so far leave it within reach of `tok_s`: their mean plus two
         standard errors, the spread taken as at least half a token per sequence (sqrt(B) / 2) however few steps
@@ -131,6 +143,9 @@ class _Bucket:
     switch_costs: dict[str, SwitchCost] = field(default_factory=dict)  # choice -> what a switch to it costs here
     switch: tuple[str, list[float], int] | None = None  # (choice, seconds of its switch steps, unseen tokens)
     last: str | None = None  # the last choice taken here
+    members: frozenset[int] = frozenset()  # the sequences of the batch when its text last changed (an epoch began)
+    epoch: int = 0  # the bucket step at which that epoch began
+    epoch_rounds: int = 0  # speculative steps taken here since then
 
 
 @dataclass
@@ -152,11 +167,14 @@ class ModeChooser:
     last: str | None = None
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
-               unseen: int = 0) -> str:
+               unseen: int = 0, seq_ids: Collection[int] | None = None) -> str:
         """One of `options` (PLAIN among them) for a decode batch of this size with lookahead K = `lookahead`, whose
         draft has `unseen` tokens to catch up on: plain first, then each untried choice (or its prediction), then
-        the fastest, with probes of the others."""
+        the fastest, with probes of the others. `seq_ids`, the batch's sequences where known, tell when its text
+        changed (`_new_text`)."""
         b = self._bucket(batch_size, options)
+        if seq_ids is not None:
+            self._new_text(b, frozenset(seq_ids), options)
         last = b.speeds.get(b.last) if b.last in options and b.last != PLAIN else None
         if last is not None and not last.seconds and b.run < self.probe_steps:
             return b.last  # a first try goes on until a steady step is measured: its switch step alone is no speed
@@ -185,12 +203,17 @@ class ModeChooser:
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
         switch_steps = self._switch_steps(choice, options)
-        steady = prev is None or b.run > switch_steps
+        fresh = choice != PLAIN and b.epoch_rounds < switch_steps and bool(b.members)  # new text: no cache yet
+        b.epoch_rounds += choice != PLAIN
+        steady = (prev is None or b.run > switch_steps) and not fresh
         full = num_tokens * size / batch_size  # the tokens at a full bucket: a drained batch compares
         self._track_switch(b, choice, seconds, unseen, switched, steady)
         b.steps += 1
         speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
-        speed.add(b.steps, full, seconds, steady, counts=steady or self.probe_steps <= switch_steps)
+        counts = steady or (self.probe_steps <= switch_steps and not fresh)
+        speed.add(b.steps, full, seconds, steady, counts=counts)
+        if choice != PLAIN and counts and b.members:  # the new text's rounds replace the old text's
+            speed.forget_before(b.epoch, once=max(self.probe_steps, self.token_window // size // 4))
         for other in b.speeds.values():
             other.age_out(b.steps, max(self.probe_steps, self.token_horizon // size), self.probe_steps)
         self._learn_switch_cost(b, options)
@@ -203,6 +226,23 @@ class ModeChooser:
         self.num_rounds[choice] += 1
         self.num_switches += self.last is not None and choice != self.last
         self.last = choice
+
+    def _new_text(self, b: _Bucket, seq_ids: frozenset[int], options: tuple[str, ...]) -> None:
+        """Begin a new epoch of bucket `b` where at least half of the batch's sequences joined since the last
+        began: what speculation yields is a property of the text, and new sequences bring new text (at batch 1,
+        every request). Plain steps yield one token a sequence whatever the text, so only speculation is re-measured:
+        where plain steps lead, its probe is due at once (at batch 1 on HumanEval, waiting for the exploration budget
+        kept plain steps on 59 tokens of a prompt that SSD decoded 3x faster, docs/benchmarks.md 2026-12-07); its
+        first rounds settle as after a switch (the new sequences' drafts have nothing cached); and once the new text
+        has rounds enough of its own (a quarter of a token window, at least a probe's steps), the old text's leave
+        its yield, which they stood in for until then."""
+        if len(seq_ids - b.members) * 2 < len(seq_ids):
+            return
+        b.members, b.epoch, b.epoch_rounds = seq_ids, b.steps + 1, 0
+        speculative = next((c for c in options if c != PLAIN and c in b.speeds), None)
+        tried = all(c in b.speeds for c in options)
+        if speculative is not None and tried and self._best(b, options) == PLAIN:
+            b.since[speculative] = self.max_gap
 
     @staticmethod
     def _track_switch(b: _Bucket, choice: str, seconds: float, unseen: int, switched: bool, steady: bool) -> None:

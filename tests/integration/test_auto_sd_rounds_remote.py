@@ -5,6 +5,7 @@ their sequences in Round.sd_round_seq_ids, come back without a cache-hit flag (t
 them), and greedy output equals plain AR token for token.
 """
 
+from collections.abc import Collection
 from dataclasses import replace
 
 import pytest
@@ -52,7 +53,8 @@ class _PlainFirst(CyclingChooser):
     """Cycles plain, speculate, sd: the first decode step is plain, so the draft first hears of the sequences in a
     catch-up."""
 
-    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0, unseen: int = 0) -> str:
+    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0, unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
         return options[(sum(self.num_rounds.values()) + len(options) - 1) % len(options)]
 
 

@@ -5,6 +5,8 @@ catching up inside the proposal (float32). In one process, SSD catches up on its
 mode auto the drafts hold every committed token but the last, and greedy output is plain greedy's.
 """
 
+from collections.abc import Collection
+
 import pytest
 import torch
 
@@ -95,7 +97,8 @@ class _PlainThenSpeculate(ModeChooser):
         self.plain = plain
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
-               unseen: int = 0) -> str:
+               unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
         return PLAIN if sum(self.num_rounds.values()) < self.plain else options[0]
 
 

@@ -3,6 +3,8 @@
 20,000 seeded runs per case on a 16-token vocabulary; the test must also catch a broken verifier.
 """
 
+from collections.abc import Collection
+
 import pytest
 import torch
 
@@ -97,7 +99,8 @@ def test_switching_between_speculation_and_plain_steps_matches_target_distributi
 
     class Alternating(ModeChooser):
         def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
-                   unseen: int = 0) -> str:
+                   unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
             return PLAIN if sum(self.num_rounds.values()) % 2 else SPECULATE
 
     llm = LLM(str(setup[0]), dtype="float32", block_size=4, kv_cache_memory_mb=64, max_num_seqs=1024,

@@ -3,6 +3,8 @@ with and without Saguaro scaling, with a missing round's hits re-drafted (backup
 the target's distribution (chi-square over 20,000 seeded runs on a 16-token vocabulary); a draft that reports q
 unscaled while sampling scaled is caught."""
 
+from collections.abc import Collection
+
 import pytest
 import torch
 
@@ -78,7 +80,8 @@ def test_ssd_switching_between_speculate_sd_and_plain_steps_matches_target_distr
 
     class Cycling(ModeChooser):
         def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0,
-                   unseen: int = 0) -> str:
+                   unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
             return options[sum(self.num_rounds.values()) % len(options)]
 
     target, draft, expected = setup
