@@ -29,9 +29,12 @@ class DraftProcess:
                "--dtype", dtype, "--threads", "1", "--address", self.address, "--log-level", "warning",
                "--log-text", *(extra_args or [])]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
-        with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
+        with self.log_path.open("w") as log:  # no preexec_fn: Python code between fork and exec, while this
+            # process's gRPC threads hold their locks, aborted the child (`ssd bench --interleave` opens a draft
+            # session per mode before it starts the next draft); the parent pins the new process instead
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if core is not None:
+            os.sched_setaffinity(self.proc.pid, {core})
         self.info = self._wait(startup_timeout_s)
 
     def _wait(self, timeout_s: float) -> draft_pb2.DraftInfo:
