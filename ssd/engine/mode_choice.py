@@ -26,8 +26,9 @@ batch weighs two slower choices (SD and plain steps); when each had its own 3%, 
 every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
 
 What speculation yields is a property of the text, so a bucket whose batch has half its sequences new since it last
-looked (at batch 1, every new request) re-measures it: where plain steps lead, speculation is probed at once, its first
-rounds settle as after a switch, and its new rounds replace the old text's once there are enough of them.
+looked (at batch 1, every new request) re-measures it: where plain steps lead but would lose to speculation at its
+yield over all texts so far, speculation is probed at once, its first
+rounds settle as after a switch, and its yield starts again from the yield of all texts so far.
 
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
@@ -114,13 +115,6 @@ class _Speed:
         while len(self.tokens) > keep and self.tokens[0][0] < now - horizon:
             self.tokens.popleft()
 
-    def forget_before(self, step: int, once: int) -> None:
-        """Forget the tokens of steps before the bucket's `step`-th once `once` steps from then on are known (until
-        then the older ones stand in for them)."""
-        if sum(s >= step for s, _ in self.tokens) >= once:
-            while self.tokens[0][0] < step:
-                self.tokens.popleft()
-
     def could_reach(self, tok_s: float, batch_size: int) -> bool:
         """Whether its tokens per step measured so far leave it within reach of `tok_s`: their mean plus two
         standard errors, the spread taken as at least half a token per sequence (sqrt(B) / 2) however few steps
@@ -144,8 +138,8 @@ class _Bucket:
     switch: tuple[str, list[float], int] | None = None  # (choice, seconds of its switch steps, unseen tokens)
     last: str | None = None  # the last choice taken here
     members: frozenset[int] = frozenset()  # the sequences of the batch when its text last changed (an epoch began)
-    epoch: int = 0  # the bucket step at which that epoch began
     epoch_rounds: int = 0  # speculative steps taken here since then
+    spec_tokens: tuple[float, int] = (0.0, 0)  # (sum, count) of every counted speculative step's tokens: all texts
 
 
 @dataclass
@@ -158,6 +152,7 @@ class ModeChooser:
     window: int = 8  # steady steps a choice's time per step is measured over
     token_window: int = 64  # sequence-steps a choice's tokens per step are measured over (this / B steps of B)
     token_horizon: int = 256  # ... among the bucket's last this many sequence-steps (at least a probe's)
+    prior_steps: int = 2  # new text's speculative yield starts as this many steps at the yield of all texts so far
     buckets: dict[tuple[int, tuple[str, ...]], _Bucket] = field(default_factory=dict)  # (bucket, options) -> it
     forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records decode and verify forwards
     yield_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> speculation's tokens per seq per round
@@ -212,8 +207,8 @@ class ModeChooser:
         speed = b.speeds.get(choice) or self._add_speed(b, choice, size)
         counts = steady or (self.probe_steps <= switch_steps and not fresh)
         speed.add(b.steps, full, seconds, steady, counts=counts)
-        if choice != PLAIN and counts and b.members:  # the new text's rounds replace the old text's
-            speed.forget_before(b.epoch, once=max(self.probe_steps, self.token_window // size // 4))
+        if choice != PLAIN and counts:
+            b.spec_tokens = (b.spec_tokens[0] + full, b.spec_tokens[1] + 1)
         for other in b.speeds.values():
             other.age_out(b.steps, max(self.probe_steps, self.token_horizon // size), self.probe_steps)
         self._learn_switch_cost(b, options)
@@ -231,17 +226,27 @@ class ModeChooser:
         """Begin a new epoch of bucket `b` where at least half of the batch's sequences joined since the last
         began: what speculation yields is a property of the text, and new sequences bring new text (at batch 1,
         every request). Plain steps yield one token a sequence whatever the text, so only speculation is re-measured:
-        where plain steps lead, its probe is due at once (at batch 1 on HumanEval, waiting for the exploration budget
-        kept plain steps on 59 tokens of a prompt that SSD decoded 3x faster, docs/benchmarks.md 2026-12-07); its
-        first rounds settle as after a switch (the new sequences' drafts have nothing cached); and once the new text
-        has rounds enough of its own (a quarter of a token window, at least a probe's steps), the old text's leave
-        its yield, which they stood in for until then."""
+        where plain steps lead but speculation at its yield over all texts so far would beat them, its probe is due at
+        once (at batch 1 on HumanEval, waiting for the exploration budget kept plain steps on 59 tokens of a prompt
+        that SSD decoded 3x faster, docs/benchmarks.md 2026-12-07; at batch 16, where SSD runs at 0.7x plain steps
+        on any text, a probe per new batch cost ~4%); its
+        first rounds settle as after a switch (the new sequences' drafts have nothing cached); and the old text's rounds
+        leave its yield, which starts from `prior_steps` steps at the yield of all texts so far (the old text's alone
+        judged a probe of new text after 2 of its rounds and ended it)."""
         if len(seq_ids - b.members) * 2 < len(seq_ids):
             return
-        b.members, b.epoch, b.epoch_rounds = seq_ids, b.steps + 1, 0
-        speculative = next((c for c in options if c != PLAIN and c in b.speeds), None)
-        tried = all(c in b.speeds for c in options)
-        if speculative is not None and tried and self._best(b, options) == PLAIN:
+        b.members, b.epoch_rounds = seq_ids, 0
+        if not b.spec_tokens[1]:
+            return
+        typical = b.spec_tokens[0] / b.spec_tokens[1]  # tokens of a speculative step over all texts so far
+        tokens = next((speed.tokens for c, speed in b.speeds.items() if c != PLAIN), None)  # SD's and SSD's deque
+        if tokens is not None:  # the old text's rounds give way to the typical text's
+            tokens.clear()
+            tokens.extend([(b.steps, typical)] * self.prior_steps)
+        if not all(c in b.speeds for c in options) or self._best(b, options) != PLAIN:
+            return
+        speculative = max((c for c in options if c != PLAIN), key=lambda c: b.speeds[c].tok_s)
+        if typical / b.speeds[speculative].step_s >= b.speeds[PLAIN].tok_s:
             b.since[speculative] = self.max_gap
 
     @staticmethod

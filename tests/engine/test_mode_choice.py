@@ -427,36 +427,39 @@ def test_a_switch_whose_draft_kept_up_is_learned_as_a_fixed_cost():
     assert cost.fixed_s == pytest.approx(0.014 + 0.009) and cost.per_token_s == 0.0
 
 
-def _text_change(seq_ids: bool) -> list[str]:
-    """Batch 1, one request after another: 150 steps of text the draft cannot follow (a round: 1 token in 30 ms,
-    33 tok/s, under plain's 40), then a new request whose text it follows (3 tokens a round, 100 tok/s; its first two
-    rounds bring 1). The picks of the second request's first 100 steps, the chooser told the
-    batch's sequences or not."""
-    chooser, picks = ModeChooser(), []
-    for step in range(250):
-        seq, easy = (1, False) if step < 150 else (2, True)
+def _text_change(seq_ids: bool, first_easy: bool = True) -> list[str]:
+    """Batch 1, one request after another: 100 steps of text the draft follows (3 tokens a round in 30 ms, 100 tok/s,
+    against plain's 40; or, not `first_easy`, text it cannot), 150 steps of text it cannot follow (1 token a round,
+    33 tok/s), then a new request whose text it follows. Each request's first two rounds bring 1 token. The picks of
+    the third request's first 100 steps, the chooser told the batch's sequences or not."""
+    chooser, picks, rounds = ModeChooser(), [], {}
+    for step in range(350):
+        seq = 0 if step < 100 else 1 if step < 250 else 2
+        easy = seq == 2 or (seq == 0 and first_easy)
         choice = chooser.choose(1, lookahead=4, seq_ids=[seq] if seq_ids else None)
-        if easy:
+        if seq == 2:
             picks.append(choice)
-        rounds_of_text = sum(p != PLAIN for p in picks)
-        tokens = 3 if easy and rounds_of_text > 2 else 1
+        rounds[seq] = rounds.get(seq, 0) + (choice != PLAIN)
+        tokens = 3 if easy and rounds[seq] > 2 else 1
         chooser.record(1, choice, *((0.025, 1) if choice == PLAIN else (0.030, tokens)))
     return picks
 
 
 def test_a_new_request_has_its_speculation_measured_at_once():
-    """Where plain steps lead, new text is probed on its first step instead of when the exploration budget allows,
-    and its own rounds replace the old text's yield once there are enough of them."""
+    """Where plain steps lead but speculation at its yield over all texts so far would not, new text is probed on its
+    first step instead of when the exploration budget allows, and its own rounds replace the old text's yield once
+    there are enough of them. Where speculation never beat plain steps on any text, new text waits for the budget."""
     told, blind = _text_change(seq_ids=True), _text_change(seq_ids=False)
     assert told[0] == SPECULATE and told.count(SPECULATE) >= 90
     assert blind[0] == PLAIN and blind.count(SPECULATE) < told.count(SPECULATE)
+    assert _text_change(seq_ids=True, first_easy=False)[0] == PLAIN
 
 
 def test_a_new_texts_first_rounds_settle_and_then_its_own_rounds_are_its_yield():
     """Speculation leads; a new request's first round (its draft's prefill; an SSD draft's two: nothing cached) is not
-    its yield, and after a quarter of a token window of its own rounds the previous request's leave."""
+    its yield, and the previous request's rounds leave it: it starts from two rounds at the yield of all texts."""
     chooser = ModeChooser()
-    for step in range(60):
+    for _ in range(60):
         choice = chooser.choose(1, lookahead=4, seq_ids=[1])
         chooser.record(1, choice, *((0.025, 1) if choice == PLAIN else (0.030, 4)))
     rounds = 0  # of the new request
@@ -466,4 +469,6 @@ def test_a_new_texts_first_rounds_settle_and_then_its_own_rounds_are_its_yield()
         tokens = 1 if choice == PLAIN or rounds <= 1 else 2  # SD's options: a switch (and new text) settles in 1
         chooser.record(1, choice, 0.030 if choice == SPECULATE else 0.025, tokens)
     assert rounds >= 25
-    assert chooser.buckets[(1, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens == 2.0
+    typical, counted = 4.0, rounds - 1  # the first text's yield; the new text's rounds but its first
+    expected = (ModeChooser.prior_steps * typical + 2.0 * counted) / (ModeChooser.prior_steps + counted)
+    assert chooser.buckets[(1, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens == pytest.approx(expected)
