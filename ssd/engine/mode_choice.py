@@ -25,8 +25,8 @@ step where that leaves it out of reach of the best (its mean tokens per step plu
 batch weighs two slower choices (SD and plain steps); when each had its own 3%, and one within reach was probed
 every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
 
-What speculation yields is a property of the text, so a bucket whose batch has half its sequences new since it last
-looked (at batch 1, every new request) re-measures it: where plain steps lead but would lose to speculation at its
+What speculation yields is a property of the text, so a batch of up to 4 sequences with half of them new since it
+last looked (at batch 1, every new request) re-measures it: where plain steps lead but would lose to speculation at its
 yield over all texts so far, speculation is probed at once, its first
 rounds settle as after a switch, and its yield starts again from the yield of all texts so far.
 
@@ -153,6 +153,7 @@ class ModeChooser:
     token_window: int = 64  # sequence-steps a choice's tokens per step are measured over (this / B steps of B)
     token_horizon: int = 256  # ... among the bucket's last this many sequence-steps (at least a probe's)
     prior_steps: int = 2  # new text's speculative yield starts as this many steps at the yield of all texts so far
+    new_text_most: int = 4  # the largest batch whose new text is re-measured (a larger one averages its texts)
     buckets: dict[tuple[int, tuple[str, ...]], _Bucket] = field(default_factory=dict)  # (bucket, options) -> it
     forward_cost: ForwardCost = field(default_factory=ForwardCost)  # the engine records decode and verify forwards
     yield_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> speculation's tokens per seq per round
@@ -232,8 +233,10 @@ class ModeChooser:
         on any text, a probe per new batch cost ~4%); its
         first rounds settle as after a switch (the new sequences' drafts have nothing cached); and the old text's rounds
         leave its yield, which starts from `prior_steps` steps at the yield of all texts so far (the old text's alone
-        judged a probe of new text after 2 of its rounds and ended it)."""
-        if len(seq_ids - b.members) * 2 < len(seq_ids):
+        judged a probe of new text after 2 of its rounds and ended it). Only batches of up to `new_text_most`
+        sequences: a larger one's yield averages its texts, so a new batch yields about what the last one did, and
+        at batch 16 re-measuring cost 1-3% (docs/benchmarks.md 2026-12-07)."""
+        if len(seq_ids) > self.new_text_most or len(seq_ids - b.members) * 2 < len(seq_ids):
             return
         b.members, b.epoch_rounds = seq_ids, 0
         if not b.spec_tokens[1]:

@@ -472,3 +472,14 @@ def test_a_new_texts_first_rounds_settle_and_then_its_own_rounds_are_its_yield()
     typical, counted = 4.0, rounds - 1  # the first text's yield; the new text's rounds but its first
     expected = (ModeChooser.prior_steps * typical + 2.0 * counted) / (ModeChooser.prior_steps + counted)
     assert chooser.buckets[(1, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens == pytest.approx(expected)
+
+
+def test_a_large_batchs_new_sequences_keep_its_yield():
+    """Batch 16's yield averages 16 texts: a new batch of sequences keeps the speed measured on the last."""
+    chooser = ModeChooser()
+    for step in range(40):  # easier text first: its rounds are in the yield of all texts, not in the last rounds'
+        choice = chooser.choose(16, lookahead=4, seq_ids=range(16))
+        chooser.record(16, choice, *((0.040, 16) if choice == PLAIN else (0.050, 40 if step < 20 else 24)))
+    before = chooser.buckets[(16, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens
+    chooser.choose(16, lookahead=4, seq_ids=range(16, 32))
+    assert chooser.buckets[(16, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens == before
