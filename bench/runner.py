@@ -145,8 +145,8 @@ def run_benchmarks(base: BenchSettings, modes: list[str], batches: list[int], pr
     `sweep` = (BenchSettings field, values) repeats the speculative modes at each value (e.g. ("k", [2, 4, 6]));
     a runner (and its model) is built once per setting and reused across the data sets. One after another, each
     setting runs every data set before the next starts; with `interleave`, the settings of a batch size take turns
-    group by group (group 1 in every mode, then group 2, ...; each mode's warm-up first), so a slow minute of the machine falls on all of them
-    and their ratios hold where whole runs, minutes apart, differ by more than the modes do.
+    group by group (group 1 in every mode, then group 2, ...; each mode's warm-up first), so a slow minute of the
+    machine falls on all of them, where whole runs minutes apart differed by as much as the modes do.
     """
     torch.set_num_threads(base.threads)
     ar = LLM(base.model, **base.engine_options(max(batches)))

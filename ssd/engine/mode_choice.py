@@ -26,9 +26,9 @@ batch weighs two slower choices (SD and plain steps); when each had its own 3%, 
 every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
 
 What speculation yields is a property of the text, so a batch of up to 4 sequences with half of them new since it
-last looked (at batch 1, every new request) re-measures it: where plain steps lead but would lose to speculation at its
-yield over all texts so far, speculation is probed at once, its first
-rounds settle as after a switch, and its yield starts again from the yield of all texts so far.
+last looked (at batch 1, every new request) re-measures it: its yield starts again from the bucket's yield over all
+texts so far, it is probed at once where plain steps lead but would lose at that yield, and its first rounds settle
+as after a switch.
 
 An untried bucket takes a plain step first. Before it pays for its first speculative round, the chooser predicts
 one: the verify of B sequences with K draft tokens is a forward of B x (K + 1) tokens, whose cost it reads off a
@@ -224,18 +224,15 @@ class ModeChooser:
         self.last = choice
 
     def _new_text(self, b: _Bucket, seq_ids: frozenset[int], options: tuple[str, ...]) -> None:
-        """Begin a new epoch of bucket `b` where at least half of the batch's sequences joined since the last
-        began: what speculation yields is a property of the text, and new sequences bring new text (at batch 1,
-        every request). Plain steps yield one token a sequence whatever the text, so only speculation is re-measured:
-        where plain steps lead but speculation at its yield over all texts so far would beat them, its probe is due at
-        once (at batch 1 on HumanEval, waiting for the exploration budget kept plain steps on 59 tokens of a prompt
-        that SSD decoded 3x faster, docs/benchmarks.md 2026-12-07; at batch 16, where SSD runs at 0.7x plain steps
-        on any text, a probe per new batch cost ~4%); its
-        first rounds settle as after a switch (the new sequences' drafts have nothing cached); and the old text's rounds
-        leave its yield, which starts from `prior_steps` steps at the yield of all texts so far (the old text's alone
-        judged a probe of new text after 2 of its rounds and ended it). Only batches of up to `new_text_most`
-        sequences: a larger one's yield averages its texts, so a new batch yields about what the last one did, and
-        at batch 16 re-measuring cost 1-3% (docs/benchmarks.md 2026-12-07)."""
+        """Begin a new epoch of bucket `b` where at least half of its batch (of up to `new_text_most` sequences) is
+        new since the last began: speculation's yield is a property of the text, and new sequences bring new text
+        (at batch 1, every request). Plain steps yield a token a sequence whatever the text, so only speculation is
+        re-measured. Its yield restarts from `prior_steps` steps at the bucket's yield over all texts so far (judged
+        with the old text's rounds, a probe of easy new text ended after two rounds); where plain steps lead but
+        that yield would beat them, it is probed at once (waiting for the exploration budget kept plain steps on 59
+        tokens of a HumanEval prompt that SSD decoded 3x faster, docs/benchmarks.md 2026-12-07); and its first rounds
+        settle as after a switch (`record`: nothing is cached for new sequences). A larger batch averages its texts:
+        a new one yields about what the last did, and re-measuring it cost 1-3% at batch 16."""
         if len(seq_ids) > self.new_text_most or len(seq_ids - b.members) * 2 < len(seq_ids):
             return
         b.members, b.epoch_rounds = seq_ids, 0
