@@ -6,8 +6,9 @@ that answer wait, and the whole overrun is added to the round. The build's cost 
 guesses per depth; a few sequences already make a draft's forwards compute-bound on a CPU core), while the hit
 rate grows slowly with the guesses, and a hit is worth only what its speculation brings over a backup's.
 
-So, per batch size, the fit keeps the measured build time of each budget it ran (a moving average) and the median
-of the last WINDOWS windows (a pause, such as plain decode steps chosen by mode auto or a gap between requests,
+So, per batch size, the fit keeps the measured build time of each budget it ran (the median of its last BUILDS
+builds: one slow build, such as a stall of the machine, must not keep a budget out for good, since a budget the fit
+no longer chooses is not measured again) and the median of the last WINDOWS windows (a pause, such as plain decode steps chosen by mode auto or a gap between requests,
 makes one window long; the median ignores it), and chooses the budget, up to the configured one, with the most
 expected tokens per second of round: tokens(B) / max(window, build(B)), tokens(B) coming from the speculator (its
 measured hit rate for B guesses and the tokens of a hit and of a miss). A budget not run yet is estimated from its
@@ -19,21 +20,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WEIGHT = 0.3  # of each new build time in the moving averages
+BUILDS = 5  # builds of a budget its time is the median of
 WINDOWS = 9  # windows the median is taken over
 MIN_BUDGET = 2  # guesses per sequence and round at least
 
 
 @dataclass
 class _Measured:
-    """One batch size's measurements: build seconds per budget run (moving averages), and the last windows."""
+    """One batch size's measurements: the last build seconds of each budget run, and the last windows."""
 
-    builds: dict[int, float] = field(default_factory=dict)
+    builds: dict[int, deque[float]] = field(default_factory=dict)
     windows: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOWS))
-
-
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else old + WEIGHT * (new - old)
 
 
 @dataclass
@@ -48,7 +45,7 @@ class FanOutFit:
         if budget <= 0 or build_s <= 0 or window_s <= 0:
             return
         m = self.measured.setdefault(batch_size, _Measured())
-        m.builds[budget] = _average(m.builds.get(budget), build_s)
+        m.builds.setdefault(budget, deque(maxlen=BUILDS)).append(build_s)
         m.windows.append(window_s)
 
     def budget(self, batch_size: int, most: int, tokens: Callable[[int], float]) -> int:
@@ -58,7 +55,8 @@ class FanOutFit:
         if m is None or most <= MIN_BUDGET:
             return most
         window_s = statistics.median(m.windows)
-        rate = {b: tokens(b) / max(window_s, _estimate(m.builds, b)) for b in range(MIN_BUDGET, most + 1)}
+        builds = {b: statistics.median(times) for b, times in m.builds.items()}
+        rate = {b: tokens(b) / max(window_s, _estimate(builds, b)) for b in range(MIN_BUDGET, most + 1)}
         return max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
 
 

@@ -100,6 +100,7 @@ class _BuildTime:
     ended: float
     num_sequences: int
     budget: int
+    prefilled: bool  # it glued a sequence's first build (the draft fed its whole prompt)
 
 
 class SsdSpeculator:
@@ -121,10 +122,12 @@ class SsdSpeculator:
         self.tokens_after_hit: float | None = None  # moving means of a round's tokens after a hit / after a miss
         self.tokens_after_miss: float | None = None
         self._last_build: _BuildTime | None = None
+        self._built: set[int] = set()  # the sequences that had a build (their next glue feeds only a round's tokens)
 
     def release(self, record: DraftRecord) -> None:
         """Free the sequence's model state; a build still queued for it skips it."""
         record.is_released = True
+        self._built.discard(record.seq_id)
         self.drafter.release(record.seq_id)
         self.neural.release(record.seq_id)
 
@@ -218,7 +221,7 @@ class SsdSpeculator:
     def _fit_fan_out(self, asked_at: float, config: SsdConfig) -> None:
         """Tell the fit how the last build compared with the time until this answer was asked for."""
         last, self._last_build = self._last_build, None
-        if last is not None and config.fit_fan_out:
+        if last is not None and config.fit_fan_out and not last.prefilled:  # a prompt's prefill is not the budget's
             self.fan_out_fit.observe(last.num_sequences, last.budget, last.ended - last.started,
                                      asked_at - last.started)
 
@@ -305,7 +308,9 @@ class SsdSpeculator:
         if branches:
             self._decode(branches, owners, config)
         ended = time.perf_counter()
-        self._last_build = _BuildTime(started, ended, len(pending), config.fan_out_budget)
+        ids = {p.request.seq_id for p in pending}
+        self._last_build = _BuildTime(started, ended, len(pending), config.fan_out_budget, bool(ids - self._built))
+        self._built |= ids
         self.counters.num_builds += 1
         self.counters.last_build_s = ended - started
         self.counters.build_s += self.counters.last_build_s
