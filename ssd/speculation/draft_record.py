@@ -40,6 +40,7 @@ class DraftRecord:
     cache: dict[tuple[int, int], CachedSpeculation] = field(default_factory=dict)  # (j, bonus) -> next speculation
     guesses: list[list[int]] = field(default_factory=list)  # [j] ranked bonus guesses (s_{j+1} excluded)
     predicted_hit: float | None = None  # the last build's estimate that the coming outcome hits its cache
+    built: bool = False  # a build ran for it (its next glue feeds a round's tokens, not its whole prompt)
 
     @property
     def has_features(self) -> bool:

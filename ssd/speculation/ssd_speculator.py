@@ -122,12 +122,10 @@ class SsdSpeculator:
         self.tokens_after_hit: float | None = None  # moving means of a round's tokens after a hit / after a miss
         self.tokens_after_miss: float | None = None
         self._last_build: _BuildTime | None = None
-        self._built: set[int] = set()  # the sequences that had a build (their next glue feeds only a round's tokens)
 
     def release(self, record: DraftRecord) -> None:
         """Free the sequence's model state; a build still queued for it skips it."""
         record.is_released = True
-        self._built.discard(record.seq_id)
         self.drafter.release(record.seq_id)
         self.neural.release(record.seq_id)
 
@@ -308,9 +306,10 @@ class SsdSpeculator:
         if branches:
             self._decode(branches, owners, config)
         ended = time.perf_counter()
-        ids = {p.request.seq_id for p in pending}
-        self._last_build = _BuildTime(started, ended, len(pending), config.fan_out_budget, bool(ids - self._built))
-        self._built |= ids
+        prefilled = not all(p.record.built for p in pending)
+        self._last_build = _BuildTime(started, ended, len(pending), config.fan_out_budget, prefilled)
+        for p in pending:
+            p.record.built = True
         self.counters.num_builds += 1
         self.counters.last_build_s = ended - started
         self.counters.build_s += self.counters.last_build_s
