@@ -13,6 +13,13 @@ steps chosen by mode auto or a gap between requests, makes one window long; the 
 expected tokens per second of round: tokens(B) / max(window, build(B)), tokens(B) coming from the speculator (its
 measured hit rate for B guesses and the tokens of a hit and of a miss). A budget not run yet is estimated from its
 measured neighbours (linearly between two, in proportion to one), so the fit tries it and then knows.
+
+A budget the fit left is not measured again while it stays out, so a spell of contention on the draft's core (another
+process, the machine's own work) that slowed its builds would keep it out for good, and the budget would sink and stay
+low. So the next larger budget whose builds were last measured REFRESH builds ago is run once more, and that build
+alone stands for it until the next ones: back in where it fits again (and the next stale one above it is tried at
+the next build, so a recovered fit climbs back in a few builds), out for another REFRESH builds where it does not
+(one build a little over the window).
 """
 
 import statistics
@@ -21,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 BUILDS = 5  # builds of a budget its time is the median of
+REFRESH = 64  # builds of a batch size after which a larger budget left out is measured again
 WINDOWS = 9  # windows the median is taken over
 MIN_BUDGET = 2  # guesses per sequence and round at least
 
@@ -31,6 +39,14 @@ class _Measured:
 
     builds: dict[int, deque[float]] = field(default_factory=dict)
     windows: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOWS))
+    count: int = 0  # builds observed
+    last_run: dict[int, int] = field(default_factory=dict)  # budget -> `count` at its last observed build
+    refreshing: int | None = None  # a budget run again after REFRESH builds: its next build replaces its times
+
+    def stale(self, chosen: int, most: int) -> int | None:
+        """The smallest budget above `chosen`, up to `most`, whose builds were last measured REFRESH builds ago."""
+        old = [b for b, at in self.last_run.items() if chosen < b <= most and self.count - at >= REFRESH]
+        return min(old, default=None)
 
 
 @dataclass
@@ -45,8 +61,13 @@ class FanOutFit:
         if budget <= 0 or build_s <= 0 or window_s <= 0:
             return
         m = self.measured.setdefault(batch_size, _Measured())
+        if m.refreshing == budget:
+            m.builds.pop(budget, None)
+        m.refreshing = None
         m.builds.setdefault(budget, deque(maxlen=BUILDS)).append(build_s)
         m.windows.append(window_s)
+        m.count += 1
+        m.last_run[budget] = m.count
 
     def budget(self, batch_size: int, most: int, tokens: Callable[[int], float]) -> int:
         """The budget per sequence for a build of `batch_size` sequences; `most`: the configured budget;
@@ -57,7 +78,9 @@ class FanOutFit:
         window_s = statistics.median(m.windows)
         builds = {b: statistics.median(times) for b, times in m.builds.items()}
         rate = {b: tokens(b) / max(window_s, _estimate(builds, b)) for b in range(MIN_BUDGET, most + 1)}
-        return max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
+        chosen = max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
+        m.refreshing = m.stale(chosen, most)
+        return chosen if m.refreshing is None else m.refreshing
 
 
 def _estimate(builds: dict[int, float], budget: int) -> float:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import pytest
 
 from ssd.config import SsdConfig
-from ssd.speculation.fan_out_fit import MIN_BUDGET, FanOutFit
+from ssd.speculation.fan_out_fit import MIN_BUDGET, REFRESH, FanOutFit
 from tests.speculation.test_sd_greedy import PARAMS, PROMPTS
 from tests.speculation.test_ssd_inprocess import _llm, models  # noqa: F401 - the module fixture
 
@@ -129,3 +129,34 @@ def test_one_long_window_does_not_undo_the_fit():
     settled = _settle(fit, build, window_ms=40)[-1]
     fit.observe(4, settled, build(settled) / 1e3, 5.0)  # 5 s: the draft sat idle
     assert fit.budget(4, MOST, TOKENS) == settled
+
+
+def _contended(fit: FanOutFit, build, window_ms: float = 25) -> int:  # noqa: ANN001
+    """A spell of contention on the draft's core: every build takes 3x as long until the fit leaves the configured
+    budget; returns the budget it left it for."""
+    for _ in range(20):
+        budget = fit.budget(4, MOST, TOKENS)
+        if budget < MOST:
+            return budget
+        fit.observe(4, budget, 3 * build(budget) / 1e3, window_ms / 1e3)
+    raise AssertionError("the fit kept the configured budget through the contention")
+
+
+def test_a_budget_left_during_contention_is_measured_again_and_taken_back():
+    """A budget the fit left is not measured while it stays out: after REFRESH builds it is run once more, and
+    where it fits again the fit climbs back to the configured budget."""
+    fit = FanOutFit()
+    build = lambda b: 2 + 2 * b  # noqa: E731 - ms: every budget fits the 25 ms window on a quiet core
+    _settle(fit, build, window_ms=25)
+    assert _contended(fit, build) < MOST
+    chosen = _settle(fit, build, window_ms=25, rounds=REFRESH + 10)
+    assert MOST not in chosen[: REFRESH - 10]  # out until it is measured again
+    assert chosen[-5:] == [MOST] * 5
+
+
+def test_a_budget_that_still_overruns_is_run_once_per_refresh():
+    fit = FanOutFit()
+    build = lambda b: 10 + 5 * b  # noqa: E731 - ms: budgets above the fitted one overrun the 40 ms window
+    best = _best(build, 40)
+    tail = _settle(fit, build, window_ms=40, rounds=3 * REFRESH)[-2 * REFRESH:]
+    assert tail.count(best) >= len(tail) - 2 * 2  # one step up per refresh, at most two a period
