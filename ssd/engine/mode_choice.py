@@ -25,6 +25,15 @@ step where that leaves it out of reach of the best (its mean tokens per step plu
 batch weighs two slower choices (SD and plain steps); when each had its own 3%, and one within reach was probed
 every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
 
+Leaving speculation for plain steps is not weighed like the other way. A round yields at least one token a
+sequence, so where a round costs little more than a plain step (a verify of K + 1 tokens costs what a plain step
+does on AMX tiles) speculation at its worst loses that little, while plain steps on text that turned easy again lose
+all that speculation would bring until the next probe (at batch 1 on MT-Bench, auto took 274 plain steps of 1383
+and ran 6% under SSD, docs/benchmarks.md 2026-12-07). So where speculation at its worst (a token a sequence a round)
+is within `downside` of plain's speed, it goes on, once running, while its tokens per step could still reach plain's
+speed (the probes' test: their mean plus two standard errors), and gives way only once they clearly cannot. Where a
+round costs far more than a plain step (large batches), the faster choice is taken as measured.
+
 What speculation yields is a property of the text, so a batch of up to 4 sequences with half of them new since it
 last looked (at batch 1, every new request) re-measures it: its yield starts again from the bucket's yield over all
 texts so far, it is probed at once where plain steps lead but would lose at that yield, and its first rounds settle
@@ -149,6 +158,7 @@ class ModeChooser:
     probe_steps: int = 4  # steps a probe runs (its first pays for the switch)
     predict_margin: float = 0.85  # an untried choice is tried unless its prediction is under this share of plain's
     explore: float = 0.03  # the share of decode time the probes of the slower choices may cost together
+    downside: float = 0.15  # speculation that loses at most this at its worst leaves for plain steps only when clear
     window: int = 8  # steady steps a choice's time per step is measured over
     token_window: int = 64  # sequence-steps a choice's tokens per step are measured over (this / B steps of B)
     token_horizon: int = 256  # ... among the bucket's last this many sequence-steps (at least a probe's)
@@ -184,6 +194,8 @@ class ModeChooser:
         reach = probe is not None and probe.could_reach(top, bucket_of(batch_size))
         if probe is not None and b.run < self.probe_steps and (settling or reach):
             return b.last  # a probe goes on past its switch steps, and on unless its steady steps are hopeless
+        if best == PLAIN and reach and self._keeps_speculating(b, options, top, batch_size):
+            return b.last  # speculation that costs little at its worst gives way only once it clearly cannot match
         share = self.explore / (len(options) - 1)
         due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
@@ -325,6 +337,14 @@ class ModeChooser:
         switch = self._switch_s(b, choice, unseen) if choice != PLAIN else self._switch_s(
             b, best, batch_size * self.probe_steps)  # plain: the way back after it
         return since * share * fast.step_s >= steady + switch
+
+    def _keeps_speculating(self, b: _Bucket, options: tuple[str, ...], plain_tok_s: float, batch_size: int) -> bool:
+        """Whether the last choice, the faster way to speculate, at its worst (a token a sequence a round, at its
+        measured time per round) is within `downside` of plain steps' speed."""
+        speculative = [c for c in options if c != PLAIN]
+        if b.last != self._best(b, tuple(speculative)) or not b.speeds[b.last].seconds:
+            return False
+        return bucket_of(batch_size) / b.speeds[b.last].step_s >= (1 - self.downside) * plain_tok_s
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses clearly to the plain steps measured

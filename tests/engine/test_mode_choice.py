@@ -483,3 +483,34 @@ def test_a_large_batchs_new_sequences_keep_its_yield():
     before = chooser.buckets[(16, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens
     chooser.choose(16, lookahead=4, seq_ids=range(16, 32))
     assert chooser.buckets[(16, SPECULATE_OR_PLAIN)].speeds[SPECULATE].mean_tokens == before
+
+
+def _alternating_text(chooser: ModeChooser, steps: int = 3000, stretch: int = 150) -> tuple[float, int]:
+    """Batch 1: a plain step yields a token in 25 ms (40 tok/s), a speculative round costs 27.5 ms (at its worst, one
+    token, 9% slower than plain). The text alternates every `stretch` steps between hard (a round yields 1.05 tokens:
+    38 tok/s, plain is faster) and easy (2 tokens: 73 tok/s). Returns (tok/s over the run, plain steps on easy text)."""
+    seconds = tokens = 0.0
+    plain_on_easy = rounds = 0
+    for step in range(steps):
+        hard = (step // stretch) % 2 == 0
+        choice = chooser.choose(1, lookahead=4)
+        if choice == PLAIN:
+            took, got = 0.025, 1
+            plain_on_easy += not hard
+        else:
+            took, got = 0.0275, ([1] * 19 + [2] if hard else [2, 3, 1, 2])[rounds % (20 if hard else 4)]
+            rounds += 1
+        chooser.record(1, choice, took, got)
+        seconds, tokens = seconds + took, tokens + got
+    return tokens / seconds, plain_on_easy
+
+
+def test_speculation_that_costs_little_at_its_worst_keeps_running_through_hard_text():
+    """Where a round costs little more than a plain step, speculation gives way to plain steps only once its yield
+    clearly cannot match them: on hard text it loses at most 9% (one token a round), while plain steps on text that
+    turned easy again lose ~45% until a probe finds it. Weighed like any choice (downside 0), the chooser left for
+    plain steps on each hard stretch and stayed on them into the easy text."""
+    kept, plain_on_easy = _alternating_text(ModeChooser())
+    weighed, weighed_plain_on_easy = _alternating_text(ModeChooser(downside=0.0))
+    assert plain_on_easy < 150 < 2 * 150 < weighed_plain_on_easy  # under one stretch's worth in 1500 easy steps
+    assert kept > weighed
