@@ -31,8 +31,11 @@ does on AMX tiles) speculation at its worst loses that little, while plain steps
 all that speculation would bring until the next probe (at batch 1 on MT-Bench, auto took 274 plain steps of 1383
 and ran 6% under SSD, docs/benchmarks.md 2026-12-07). So where speculation at its worst (a token a sequence a round)
 is within `downside` of plain's speed, it goes on, once running, while its tokens per step could still reach plain's
-speed (the probes' test: their mean plus two standard errors), and gives way only once they clearly cannot. Where a
-round costs far more than a plain step (large batches), the faster choice is taken as measured.
+speed (the probes' test: their mean plus two standard errors), and gives way only once they clearly cannot; and
+while it leads, plain steps are not probed (their yield is exact, and their speed matters only once speculation's
+yield falls, where their last measured speed is the bar; probing them cost ~80 plain steps and as many switches
+back per 1000 rounds at batch 1, with the exploration budget going to them). Where a round costs far more than a
+plain step (large batches), the faster choice is taken as measured and every slower one probed.
 
 What speculation yields is a property of the text, so a batch of up to 4 sequences with half of them new since it
 last looked (at batch 1, every new request) re-measures it: its yield starts again from the bucket's yield over all
@@ -194,10 +197,12 @@ class ModeChooser:
         reach = probe is not None and probe.could_reach(top, bucket_of(batch_size))
         if probe is not None and b.run < self.probe_steps and (settling or reach):
             return b.last  # a probe goes on past its switch steps, and on unless its steady steps are hopeless
-        if best == PLAIN and reach and self._keeps_speculating(b, options, top, batch_size):
+        if best == PLAIN and reach and self._keeps_speculating(b, options, top, batch_size, b.last):
             return b.last  # speculation that costs little at its worst gives way only once it clearly cannot match
+        probed = [c for c in options if c != best and not (c == PLAIN and self._keeps_speculating(
+            b, options, b.speeds[PLAIN].tok_s, batch_size, best))]
         share = self.explore / (len(options) - 1)
-        due = [c for c in options if c != best and self._due(b, c, best, batch_size, unseen, share)]
+        due = [c for c in probed if self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
 
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
@@ -338,13 +343,14 @@ class ModeChooser:
             b, best, batch_size * self.probe_steps)  # plain: the way back after it
         return since * share * fast.step_s >= steady + switch
 
-    def _keeps_speculating(self, b: _Bucket, options: tuple[str, ...], plain_tok_s: float, batch_size: int) -> bool:
-        """Whether the last choice, the faster way to speculate, at its worst (a token a sequence a round, at its
-        measured time per round) is within `downside` of plain steps' speed."""
+    def _keeps_speculating(self, b: _Bucket, options: tuple[str, ...], plain_tok_s: float, batch_size: int,
+                           choice: str | None) -> bool:
+        """Whether `choice` is the faster way to speculate and, at its worst (a token a sequence a round, at its
+        measured time per round), within `downside` of plain steps' speed."""
         speculative = [c for c in options if c != PLAIN]
-        if b.last != self._best(b, tuple(speculative)) or not b.speeds[b.last].seconds:
+        if choice != self._best(b, tuple(speculative)) or not b.speeds[choice].seconds:
             return False
-        return bucket_of(batch_size) / b.speeds[b.last].step_s >= (1 - self.downside) * plain_tok_s
+        return bucket_of(batch_size) / b.speeds[choice].step_s >= (1 - self.downside) * plain_tok_s
 
     def _predict(self, b: _Bucket, choice: str, batch_size: int, lookahead: int) -> bool:
         """Whether `choice`, untried here, starts from a prediction that loses clearly to the plain steps measured
