@@ -32,9 +32,9 @@ all that speculation would bring until the next probe (at batch 1 on MT-Bench, a
 and ran 6% under SSD, docs/benchmarks.md 2026-12-07). So where speculation at its worst (a token a sequence a round)
 is within `downside` of plain's speed, it goes on, once running, while its tokens per step could still reach plain's
 speed (the probes' test: their mean plus two standard errors), and gives way only once they clearly cannot; and
-while it leads, plain steps are not probed (their yield is exact, and their speed matters only once speculation's
-yield falls, where their last measured speed is the bar; probing them cost ~80 plain steps and as many switches
-back per 1000 rounds at batch 1, with the exploration budget going to them). Where a round costs far more than a
+while it leads, plain steps, once measured over a few steady steps, are not probed (their yield is exact, and their
+speed matters only once speculation's yield falls, where their last measured speed is the bar; probing them cost ~80
+plain steps and as many switches back per 1000 rounds at batch 1, with the exploration budget going to them). Where a round costs far more than a
 plain step (large batches), the faster choice is taken as measured and every slower one probed.
 
 What speculation yields is a property of the text, so a batch of up to 4 sequences with half of them new since it
@@ -199,8 +199,9 @@ class ModeChooser:
             return b.last  # a probe goes on past its switch steps, and on unless its steady steps are hopeless
         if best == PLAIN and reach and self._keeps_speculating(b, options, top, batch_size, b.last):
             return b.last  # speculation that costs little at its worst gives way only once it clearly cannot match
-        probed = [c for c in options if c != best and not (c == PLAIN and self._keeps_speculating(
-            b, options, b.speeds[PLAIN].tok_s, batch_size, best))]
+        unprobed = PLAIN if self._plain_known(b) and self._keeps_speculating(
+            b, options, b.speeds[PLAIN].tok_s, batch_size, best) else None  # plain, while cheap speculation leads
+        probed = [c for c in options if c not in (best, unprobed)]
         share = self.explore / (len(options) - 1)
         due = [c for c in probed if self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
@@ -342,6 +343,11 @@ class ModeChooser:
         switch = self._switch_s(b, choice, unseen) if choice != PLAIN else self._switch_s(
             b, best, batch_size * self.probe_steps)  # plain: the way back after it
         return since * share * fast.step_s >= steady + switch
+
+    def _plain_known(self, b: _Bucket) -> bool:
+        """Whether plain steps' time is measured well enough to stop probing them: over `probe_steps` steady steps
+        (a bucket's first plain step, right after a prefill, can take twice a later one)."""
+        return len(b.speeds[PLAIN].seconds) >= self.probe_steps
 
     def _keeps_speculating(self, b: _Bucket, options: tuple[str, ...], plain_tok_s: float, batch_size: int,
                            choice: str | None) -> bool:
