@@ -20,16 +20,24 @@ from ssd.model_store import resolve_model
 from ssd.sampling.params import SamplingParams
 
 
-def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
-    """Bytes read per second by a large tensor copy (best of `repeats`; a copy reads and writes each byte)."""
-    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5, device: str = "cpu") -> float:
+    """Bytes read per second by a large tensor copy on `device` (best of `repeats`; a copy reads and writes each
+    byte, so the memory moves twice this)."""
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(repeats):
+        _sync(device)
         started = time.perf_counter()
         dst.copy_(src)
+        _sync(device)
         best = min(best, time.perf_counter() - started)
     return src.numel() * 4 / best / 1e9
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def weight_bytes(llm: LLM) -> int:

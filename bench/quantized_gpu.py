@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from bench.decode_step import decode_ms_per_step
+from bench.decode_step import decode_ms_per_step, read_bandwidth_gb_s
 from ssd.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ssd.layers.quantized_linear import Int4Matmul, Int8Matmul, int4_kernels
 from ssd.llm import LLM
@@ -77,25 +77,6 @@ def _save(folder: Path, name: str, tensors: dict[str, torch.Tensor], weight_map:
     weight_map.update(dict.fromkeys(tensors, name))
 
 
-def copy_bandwidth_gb_s(device: str, megabytes: int = 2048, repeats: int = 5) -> float:
-    """Read + written bytes per second of a large copy on `device` (the best of `repeats`)."""
-    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        started = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - started)
-    return 2 * src.numel() * 4 / best / 1e9
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def weight_read_bytes(llm: LLM) -> int:
     """Bytes of weights a decode step reads: each quantized linear in its format (int4: codes, a scale and a zero per
     group; int8: codes, a scale per row; it may hold its codes in more than one layout, and reads one), every float
@@ -136,10 +117,11 @@ def kernel_check(llm: LLM) -> dict:
     return out
 
 
-def run(args: argparse.Namespace, folder: Path) -> list[dict]:
-    bandwidth = copy_bandwidth_gb_s(args.device)
+def run(args: argparse.Namespace, folder: Path, bandwidth: float) -> list[dict]:
+    """One row per quantization and batch size; `bandwidth`: the device's copy bandwidth, GB/s."""
     generator = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(2, args.vocab, (args.context,), generator=generator).tolist() for _ in range(max(args.batch))]
+    prompts = [torch.randint(2, args.vocab, (args.context,), generator=generator).tolist()
+               for _ in range(max(args.batch))]
     rows = []
     for quantization in args.quantization:
         started = time.perf_counter()
@@ -188,12 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         if not (folder / "config.json").is_file():
             write_random_llama(folder, args, args.device)
         written_s = time.perf_counter() - started
-        rows = run(args, folder)
+        bandwidth = 2 * read_bandwidth_gb_s(2048, device=args.device)  # read + written bytes of a copy
+        rows = run(args, folder, bandwidth)
     result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
               "torch": torch.__version__, "shape": {k: getattr(args, k) for k in
                                                     ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab")},
               "context": args.context, "steps": args.steps, "checkpoint_write_s": round(written_s, 1),
-              "copy_gb_s": round(copy_bandwidth_gb_s(args.device), 1), "runs": rows}
+              "copy_gb_s": round(bandwidth, 1), "runs": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))

@@ -34,8 +34,9 @@ is within `downside` of plain's speed, it goes on, once running, while its token
 speed (the probes' test: their mean plus two standard errors), and gives way only once they clearly cannot; and
 while it leads, plain steps, once measured over a few steady steps, are not probed (their yield is exact, and their
 speed matters only once speculation's yield falls, where their last measured speed is the bar; probing them cost ~80
-plain steps and as many switches back per 1000 rounds at batch 1, with the exploration budget going to them). Where a round costs far more than a
-plain step (large batches), the faster choice is taken as measured and every slower one probed.
+plain steps and as many switches back per 1000 rounds at batch 1, with the exploration budget going to them). Where
+a round costs far more than a plain step (large batches), the faster choice is taken as measured and every slower
+one probed.
 
 What speculation yields is a property of the text, so a batch of up to 4 sequences with half of them new since it
 last looked (at batch 1, every new request) re-measures it: its yield starts again from the bucket's yield over all
