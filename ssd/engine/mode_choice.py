@@ -24,6 +24,8 @@ long way to catch up far later, and any at the latest after `max_gap` steps. A p
 step where that leaves it out of reach of the best (its mean tokens per step plus two standard errors). An SSD
 batch weighs two slower choices (SD and plain steps); when each had its own 3%, and one within reach was probed
 every `min_gap` steps whatever it cost, probes took 6% and more of the decode time (docs/benchmarks.md 2026-12-07).
+SD rounds yield what SSD's do, so SD whose rounds take clearly longer than SSD's is not probed at all: it is the
+slower whatever the text, and only its time, which the text does not move, could change that.
 
 Leaving speculation for plain steps is not weighed like the other way. A round yields at least one token a
 sequence, so where a round costs little more than a plain step (a verify of K + 1 tokens costs what a plain step
@@ -163,6 +165,7 @@ class ModeChooser:
     predict_margin: float = 0.85  # an untried choice is tried unless its prediction is under this share of plain's
     explore: float = 0.03  # the share of decode time the probes of the slower choices may cost together
     downside: float = 0.15  # speculation that loses at most this at its worst leaves for plain steps only when clear
+    sd_margin: float = 0.1  # SD whose rounds take this much longer than SSD's is not probed (their yield is one)
     window: int = 8  # steady steps a choice's time per step is measured over
     token_window: int = 64  # sequence-steps a choice's tokens per step are measured over (this / B steps of B)
     token_horizon: int = 256  # ... among the bucket's last this many sequence-steps (at least a probe's)
@@ -202,7 +205,7 @@ class ModeChooser:
             return b.last  # speculation that costs little at its worst gives way only once it clearly cannot match
         unprobed = PLAIN if self._plain_known(b) and self._keeps_speculating(
             b, options, b.speeds[PLAIN].tok_s, batch_size, best) else None  # plain, while cheap speculation leads
-        probed = [c for c in options if c not in (best, unprobed)]
+        probed = [c for c in options if c not in (best, unprobed) and not self._sd_outpaced(b)[c]]
         share = self.explore / (len(options) - 1)
         due = [c for c in probed if self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
@@ -344,6 +347,17 @@ class ModeChooser:
         switch = self._switch_s(b, choice, unseen) if choice != PLAIN else self._switch_s(
             b, best, batch_size * self.probe_steps)  # plain: the way back after it
         return since * share * fast.step_s >= steady + switch
+
+    def _sd_outpaced(self, b: _Bucket) -> dict[str, bool]:
+        """Per choice, whether it is SD whose rounds, measured, take clearly longer than SSD's (by `sd_margin`). The two
+        share one yield, so such SD is the slower whatever the text, and probing it buys nothing (at batch 1, SD's
+        probes took 16-33 rounds of ~39 ms where SSD's take 27.5, docs/benchmarks.md 2026-12-07). SSD's time is
+        measured whenever it runs or is probed, so SD comes back into the probes if SSD's rounds grow as slow; SD's
+        own time (the draft's K steps on the round's path) does not follow the text."""
+        sd, ssd = b.speeds.get(SD), b.speeds.get(SPECULATE)
+        outpaced = (sd is not None and ssd is not None and bool(sd.seconds) and bool(ssd.seconds)
+                    and sd.step_s > (1 + self.sd_margin) * ssd.step_s)
+        return {c: c == SD and outpaced for c in CHOICES}
 
     def _plain_known(self, b: _Bucket) -> bool:
         """Whether plain steps' time is measured well enough to stop probing them: over `probe_steps` steady steps

@@ -17,6 +17,7 @@ from ssd.kv.block_manager import BlockManager
 from ssd.kv.feature_cache import FeatureCache
 from ssd.runtime.model_runner import ForwardItem, ModelRunner
 from ssd.sampling.grammar import AnswerGrammar
+from ssd.sampling.greedy import argmax_rows
 from ssd.sampling.logit_adjust import adjust_logits, has_adjustments
 from ssd.sampling.logprobs import TokenLogprob, token_logprobs
 from ssd.sampling.sampler import target_probs
@@ -170,7 +171,7 @@ class SpeculativeDecoder:
             logits = adjust_logits(logits, seq.output_token_ids, speculation.paths(), seq.params, seq.prompt_token_ids,
                                    seq.ending_ids, seq.grammar)
         if seq.params.is_greedy:
-            return verify_greedy(speculation, logits.argmax(dim=-1).tolist())
+            return verify_greedy(speculation, argmax_rows(logits).tolist())
         return verify_sampled(speculation, target_probs(logits, seq.params), seq.generator)
 
     def _keep_path(self, seq: Sequence, item: ForwardItem, outcome: Outcome) -> None:

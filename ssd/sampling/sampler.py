@@ -8,6 +8,7 @@ whatever else is in the batch. Logits and generators are on CPU whatever device 
 
 import torch
 
+from ssd.sampling.greedy import argmax_rows
 from ssd.sampling.params import SamplingParams
 
 
@@ -56,7 +57,7 @@ def sample_tokens(
     generators: list[torch.Generator],
 ) -> list[int]:
     """One token per row: argmax for greedy rows, a draw from p otherwise."""
-    greedy = logits.argmax(dim=-1).tolist()
+    greedy = argmax_rows(logits).tolist()
     out: list[int] = []
     for i, p in enumerate(params):
         if p.is_greedy:

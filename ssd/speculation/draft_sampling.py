@@ -4,6 +4,7 @@
 import torch
 
 from ssd.sampling.grammar import AnswerGrammar
+from ssd.sampling.greedy import argmax_rows
 from ssd.sampling.sampler import sample_from
 from ssd.speculation.saguaro import SaguaroScale
 
@@ -21,7 +22,7 @@ def pick_tokens(
 ) -> tuple[list[int], list[torch.Tensor | None]]:
     """One draft token per row and the q row it was drawn from (None when picked greedily); `scales` apply
     Saguaro scaling at chain step `step` (the returned q is the scaled one, as the verifier must see it)."""
-    greedy = logits.argmax(dim=-1).tolist()
+    greedy = argmax_rows(logits).tolist()
     tokens: list[int] = []
     qs: list[torch.Tensor | None] = []
     for i, temp in enumerate(temperatures):

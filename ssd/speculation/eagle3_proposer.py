@@ -28,6 +28,7 @@ from ssd.loader.eagle3_checkpoint import load_eagle3_head
 from ssd.model_config import ModelConfig
 from ssd.models.eagle3 import HeadKVCache
 from ssd.sampling.grammar import AnswerGrammar
+from ssd.sampling.greedy import argmax_rows
 from ssd.sampling.sampler import sample_from
 from ssd.speculation.eagle3_tree import TokenTree
 from ssd.speculation.head_prefix_cache import HeadPrefixCache
@@ -179,7 +180,7 @@ class Eagle3Proposer:
     def _pick(self, r: ProposeRequest, step: int, logprobs: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next draft token (target id) from draft log-probs [Vd], and its q [V] when sampling."""
         if r.temperature <= 0:
-            return int(self.head.to_target_ids(logprobs.argmax())), None
+            return int(self.head.to_target_ids(argmax_rows(logprobs[None])[0])), None
         probs = torch.softmax(logprobs / r.temperature, dim=-1)  # log-probs are logits up to a shift
         if r.saguaro is not None:
             probs = r.saguaro.apply(probs, step)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssd.config import Backup, SsdConfig
+from ssd.sampling.greedy import argmax_rows
 from ssd.sampling.sampler import sample_from_each
 from ssd.speculation.branch_drafter import BranchDrafter, BranchRequest, GlueRequest
 from ssd.speculation.draft_record import CachedSpeculation, DraftRecord
@@ -361,7 +362,7 @@ class SsdSpeculator:
             # under a grammar, each branch's path: the speculation up to its fork, its guess, its tokens
             logits[i], vocabs[i] = self._constrained(r, rows, paths[i])
             if r.temperature <= 0:
-                tokens[i] = logits[i].argmax(dim=-1).tolist()
+                tokens[i] = argmax_rows(logits[i]).tolist()
             elif r.grammar is None:
                 batch.append(i)
         groups = [batch] if batch else []

@@ -66,6 +66,9 @@ std::vector<torch::Tensor> rms_norm(const torch::Tensor& x, const c10::optional<
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,
                    const torch::Tensor& sin);
 torch::Tensor silu_mul(const torch::Tensor& x);
+// The first index of each row's largest float32 value, a NaN counting as the largest (row_argmax.cpp); path:
+// kFloat512, kFloat256 or 0 (scalar).
+torch::Tensor argmax_rows(const torch::Tensor& logits, int64_t path);
 void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kv_cache, const torch::Tensor& slots);
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_cache, const torch::Tensor& kv_slots,
                               const torch::Tensor& seq_lens, int64_t num_queries, double scale);

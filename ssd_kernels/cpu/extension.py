@@ -5,9 +5,9 @@ Sources: int4_gemm.cpp (group-32 int4 weights, GGUF Q4_0 / Q4_1), q8_gemm.cpp (g
 Q8_0), dense_gemm.cpp (plain float32 weights, a few rows), bf16_gemm.cpp (bfloat16 weights in blocks, AVX512-BF16)
 and bf16_amx.cpp (the same blocks as AMX tiles, AMX-BF16), int4_bf16_gemm.cpp and q8_bf16_gemm.cpp (group-32 int4 /
 int8 weights in blocks for bfloat16 x, AVX512-BF16, on the loop of bf16_dot_units.h), layer_ops.cpp (RMSNorm,
-RoPE, SiLU-and-multiply, few-query paged attention; AVX-512 helpers in vector512.h), decoder_layer.cpp (a whole
-Llama decoder layer as one call of those, with its linears), module.cpp (CPU feature detection and the bindings),
-cpu_kernels.h (what they share).
+RoPE, SiLU-and-multiply, few-query paged attention; AVX-512 helpers in vector512.h), row_argmax.cpp (the greedy
+token of each row of logits), decoder_layer.cpp (a whole Llama decoder layer as one call of those, with its
+linears), module.cpp (CPU feature detection and the bindings), cpu_kernels.h (what they share).
 `load_extension` raises `KernelBuildError` where it cannot build; each kernel's layout, launcher and plain-torch
 reference live in its own module (int4_gemm.py, q8_gemm.py, dense_gemm.py, bf16_gemm.py, int4_bf16_gemm.py,
 q8_bf16_gemm.py).
@@ -24,7 +24,7 @@ import torch
 FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512, AMX_BF16 = 1, 2, 4, 8, 16  # the kernels' paths (`supported_paths`)
 _FOLDER = Path(__file__).parent
 _SOURCES = ("int4_gemm.cpp", "q8_gemm.cpp", "dense_gemm.cpp", "bf16_gemm.cpp", "bf16_amx.cpp", "int4_bf16_gemm.cpp",
-            "q8_bf16_gemm.cpp", "layer_ops.cpp", "decoder_layer.cpp", "module.cpp")
+            "q8_bf16_gemm.cpp", "layer_ops.cpp", "row_argmax.cpp", "decoder_layer.cpp", "module.cpp")
 _HEADERS = ("cpu_kernels.h", "vector512.h", "bf16_dot_units.h", "group_amx_units.h", "group_gemm.h", "amx_tiles.h")
 _CFLAGS = ["-O3", "-fopenmp"]  # the ISA is chosen per function (target attributes), not for the whole file
 

@@ -538,3 +538,20 @@ def test_plain_steps_are_not_probed_while_cheap_speculation_leads():
     assert cheap.count(PLAIN) <= 8 and cheap[200:].count(PLAIN) == 0
     dear = _steady_picks(ModeChooser(), 16, (0.037, 16), (0.100, 32), first_plain_s=0.087)
     assert dear[100:].count(PLAIN) > 800
+
+
+def test_sd_rounds_slower_than_ssds_are_not_probed():
+    """SSD at batch 1 on Sapphire Rapids (docs/benchmarks.md 2026-12-07): plain steps 1 token in 25 ms, SSD rounds in
+    27.5 ms, SD rounds (the draft's K steps on the round's path) in 39 ms, the text alternating between hard (1.1
+    tokens a round) and easy (2). SD and SSD rounds share one yield, so SD, 40% slower a round, loses to SSD whatever
+    the text: once both are measured it is not probed (each probe cost 2-4 rounds at 0.7x SSD's speed)."""
+    chooser, picks = ModeChooser(), []
+    for step in range(1500):
+        choice = chooser.choose(1, CHOICES, lookahead=4, unseen=1)
+        picks.append(choice)
+        easy = (step // 150) % 2 == 1
+        spec_tokens = 2 if easy else 1 + (step % 10 == 0)
+        seconds, tokens = {PLAIN: (0.025, 1), SD: (0.039, spec_tokens), SPECULATE: (0.0275, spec_tokens)}[choice]
+        chooser.record(1, choice, seconds, tokens, CHOICES, unseen=1)
+    assert picks.count(SD) <= 4  # its first try
+    assert picks[300:].count(SPECULATE) >= 600
