@@ -198,6 +198,8 @@ class LLMEngine:
         if adaptive and choice == PLAIN:  # the drafts of the sequences held back keep up beside the target
             decoder.catch_up([s for s in batch.seqs if s.params.adaptive and s.params.is_speculative
                               and not s.is_finished])
+        elif batch.mode == ForwardMode.PREFILL and decoder is not None:  # drafts prefill beside the first steps
+            decoder.catch_up([s for s in batch.seqs if s.params.is_speculative and not s.is_finished])
         return outputs
 
     def _speculative_round(self, seqs: list[Sequence], k: int,

@@ -91,13 +91,14 @@ def test_sd_rounds_of_remote_ssd_sequences_build_nothing_and_keep_greedy_output(
 
 
 def test_plain_steps_feed_the_remote_draft_and_output_stays_greedy(models, draft_address):
-    """After each plain step the target sends the draft what it committed (a catch_up message, no answer awaited);
-    the draft then holds every token, so the next round's Outcome brings none new; greedy output equals AR."""
+    """After each plain step (and each prefill) the target sends the draft what it committed (a catch_up message, no
+    answer awaited); the draft then holds every token, so the next round's Outcome brings none new; greedy output
+    equals AR."""
     engine, sent = _adaptive_run(models[0], draft_address, _PlainFirst())
     catch_ups = [m for m in sent if m.HasField("catch_up")]
-    assert 0 < len(catch_ups) <= engine.mode_chooser.num_rounds[PLAIN]
+    assert 0 < len(catch_ups) <= engine.mode_chooser.num_rounds[PLAIN] + len(PROMPTS)
     assert all(m.round_id == 0 for m in catch_ups)
-    assert any(m.catch_up.prefills for m in catch_ups)  # a sequence's first step was plain: prefilled there
+    assert any(m.catch_up.prefills for m in catch_ups)  # the prompts went to the draft before any round
     fed = False
     for message in sent:
         if message.HasField("catch_up"):
@@ -105,6 +106,19 @@ def test_plain_steps_feed_the_remote_draft_and_output_stays_greedy(models, draft
         elif message.HasField("round") and fed:  # the round right after a catch-up: nothing new to bring
             assert message.round.outcomes and all(not o.new_token_ids for o in message.round.outcomes)
             fed = False
+
+
+def test_a_prefill_hands_the_remote_draft_the_new_prompts_at_once(models, draft_address):
+    """Right after the target's prefill the draft gets the new prompts in a catch_up message, so it prefills them
+    beside the target's first decode step (at batch 16 the first SSD round waited ~115 ms for that prefill,
+    docs/benchmarks.md 2026-12-07); the first round (speculative here) brings Outcomes, not Prefills, and greedy
+    output equals AR."""
+    engine, sent = _adaptive_run(models[0], draft_address, CyclingChooser())
+    first_round = next(i for i, m in enumerate(sent) if m.HasField("round"))
+    early = [m.catch_up for m in sent[:first_round] if m.HasField("catch_up")]
+    assert sum(len(c.prefills) for c in early) == len(PROMPTS)
+    assert not sent[first_round].round.prefills and sent[first_round].round.outcomes
+    assert engine.mode_chooser.num_rounds[SPECULATE] > 0
 
 
 @pytest.fixture(scope="module")
