@@ -17,6 +17,7 @@ from draft_service.servicer import SpeculatorServicer
 from protos import require_current_stubs
 from protos.ssd.v1 import draft_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
+from rpc.heap import settle_heap
 from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, HostedService, PortInUseError, check_port_free
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     except SSDError as e:  # a bad --draft / --target-model: say so in one line, exit non-zero
         log.error("cannot load the draft", draft=config.draft, target_model=config.target_model, error=str(e))
         raise SystemExit(2) from e
+    settle_heap()
     try:
         asyncio.run(serve(config, draft))
     except (PortInUseError, TlsConfigError) as e:  # one clear line, exit status 2 (a supervisor sees it)

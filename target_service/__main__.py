@@ -10,6 +10,7 @@ import torch
 from protos import require_current_stubs
 from protos.ssd.v1 import target_pb2_grpc
 from rpc.engine_errors import ENGINE_STATUS
+from rpc.heap import settle_heap
 from rpc.logging import configure_service_logging
 from rpc.metrics_http import check_metrics_port_free, start_metrics_server
 from rpc.server import GrpcServer, HostedService, PortInUseError, check_port_free
@@ -55,6 +56,7 @@ async def serve(config: TargetServiceConfig) -> None:
     check_port_free(config.address)  # before loading the model
     check_metrics_port_free(config.address, config.metrics_port)
     engine, proposer = build_engine(config)
+    settle_heap()
     if engine.grammars is not None:  # structured output's tokenizer index, off the engine thread
         threading.Thread(target=engine.grammars.warm_up, name="grammar-warm-up", daemon=True).start()
     dead = asyncio.Event()
