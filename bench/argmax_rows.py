@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from ssd.layers import cpu_kernels
 from ssd.sampling.greedy import argmax_rows
 
 SHAPES = ((1, 49152), (5, 49152), (16, 49152), (80, 49152), (16, 8192))  # rows x vocabulary
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if cpu_kernels.extension() is None:  # loaded as an engine loads it (the helper never builds the kernels itself)
+        raise SystemExit("the project's CPU kernels are not available here")
     rows = []
     for shape in SHAPES:
         logits = torch.randn(*shape, generator=torch.Generator().manual_seed(0))

@@ -65,6 +65,12 @@ def extension() -> ModuleType | None:
     return ext
 
 
+def loaded_extension() -> ModuleType | None:
+    """The compiled kernels where this process loaded them already (a CPU engine's layers did), else None: no build
+    (a GPU engine's host work must not compile them)."""
+    return extension() if extension.cache_info().currsize else None
+
+
 def _q32_scales(weight_scales: torch.Tensor, weight_zeros: torch.Tensor,
                 q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(d, m) with w = q d + m for q [N, K] (0..15) with scales / zeros [N, K / 32] in the (q - 8) * scale + zero

@@ -39,8 +39,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &ssd_cpu::rms_norm, "RMSNorm of x (+ residual): [normed] or [normed, x + residual]");
   m.def("rope", &ssd_cpu::rope, "rotary embedding (rotate-half) of x [T, heads, D] at positions [T]");
   m.def("silu_mul", &ssd_cpu::silu_mul, "silu(x[:, :I]) * x[:, I:]");
-  m.def("argmax_rows", &ssd_cpu::argmax_rows, "torch.argmax(logits, -1) of float32 logits [N, V] by path: 2 AVX-512, 1 AVX2, 0 scalar",
-        release_gil());
+  m.def("argmax_rows", &ssd_cpu::argmax_rows,
+        "torch.argmax(logits, -1) of float32 logits [N, V] by path: 2 AVX-512, 1 AVX2, 0 scalar", release_gil());
   m.def("store_kv", &ssd_cpu::store_kv, "write the new keys and values into their cache slots");
   m.def("paged_attention", &ssd_cpu::paged_attention, "causal attention of the last Q queries of each sequence",
         release_gil());

@@ -5,6 +5,7 @@ on ties, infinities, signed zeros, NaNs and row lengths around the vector widths
 import pytest
 import torch
 
+from ssd.layers import cpu_kernels
 from ssd.sampling.greedy import argmax_rows
 from ssd_kernels.cpu import extension as own_ext
 from tests.kernels.cpu_kernel_checks import require_path
@@ -43,6 +44,7 @@ def test_each_path_answers_as_torch_argmax(ext, name, kind):
 
 
 def test_the_sampling_helper_matches_torch_and_keeps_torch_where_the_kernel_does_not_serve():
+    assert cpu_kernels.extension() is not None and cpu_kernels.loaded_extension() is not None  # as an engine loads it
     g = torch.Generator().manual_seed(7)
     x = torch.randint(0, 4, (80, 49152), generator=g).float()
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
@@ -73,3 +75,12 @@ def test_bad_input_is_refused(ext):
         ext.argmax_rows(torch.zeros(2, 0), 0)
     with pytest.raises(RuntimeError, match="argmax_rows"):
         ext.argmax_rows(torch.zeros(2, 8, dtype=torch.float64), 0)
+
+
+def test_the_helper_never_builds_the_kernels_itself(monkeypatch):
+    """In a process that has not loaded the kernels (a GPU engine's host work), torch.argmax answers: no build."""
+    monkeypatch.setattr(cpu_kernels, "loaded_extension", lambda: None)
+    built = []
+    monkeypatch.setattr(cpu_kernels, "extension", lambda: built.append(1))
+    x = torch.randn(3, 40)
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1)) and not built
