@@ -205,7 +205,8 @@ class ModeChooser:
             return b.last  # speculation that costs little at its worst gives way only once it clearly cannot match
         unprobed = PLAIN if self._plain_known(b) and self._keeps_speculating(
             b, options, b.speeds[PLAIN].tok_s, batch_size, best) else None  # plain, while cheap speculation leads
-        probed = [c for c in options if c not in (best, unprobed) and not self._sd_outpaced(b)[c]]
+        outpaced = SD if self._sd_outpaced(b) else None  # SD, where SSD's rounds outpace its own
+        probed = [c for c in options if c not in (best, unprobed, outpaced)]
         share = self.explore / (len(options) - 1)
         due = [c for c in probed if self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
@@ -348,16 +349,15 @@ class ModeChooser:
             b, best, batch_size * self.probe_steps)  # plain: the way back after it
         return since * share * fast.step_s >= steady + switch
 
-    def _sd_outpaced(self, b: _Bucket) -> dict[str, bool]:
-        """Per choice, whether it is SD whose rounds, measured, take clearly longer than SSD's (by `sd_margin`). The two
-        share one yield, so such SD is the slower whatever the text, and probing it buys nothing (at batch 1, SD's
-        probes took 16-33 rounds of ~39 ms where SSD's take 27.5, docs/benchmarks.md 2026-12-07). SSD's time is
-        measured whenever it runs or is probed, so SD comes back into the probes if SSD's rounds grow as slow; SD's
-        own time (the draft's K steps on the round's path) does not follow the text."""
+    def _sd_outpaced(self, b: _Bucket) -> bool:
+        """Whether SD's rounds, measured, take clearly longer than SSD's (by `sd_margin`). The two share one yield, so
+        such SD is the slower whatever the text, and probing it buys nothing (at batch 1, SD's probes took 16-33 rounds
+        of ~39 ms where SSD's take 27.5, docs/benchmarks.md 2026-12-07). SSD's time is measured whenever it runs or is
+        probed, so SD comes back into the probes if SSD's rounds grow as slow; SD's own time (the draft's K steps on
+        the round's path) does not follow the text."""
         sd, ssd = b.speeds.get(SD), b.speeds.get(SPECULATE)
-        outpaced = (sd is not None and ssd is not None and bool(sd.seconds) and bool(ssd.seconds)
-                    and sd.step_s > (1 + self.sd_margin) * ssd.step_s)
-        return {c: c == SD and outpaced for c in CHOICES}
+        return (sd is not None and ssd is not None and bool(sd.seconds) and bool(ssd.seconds)
+                and sd.step_s > (1 + self.sd_margin) * ssd.step_s)
 
     def _plain_known(self, b: _Bucket) -> bool:
         """Whether plain steps' time is measured well enough to stop probing them: over `probe_steps` steady steps
