@@ -91,7 +91,8 @@ class Attention(nn.Module):
             return None
         meta = ctx.attn_metadata
         return ops.rope_attention(qkv, positions, rope.cos, rope.sin, self.kv_cache, ctx.slot_mapping, meta.kv_slots,
-                                  meta.seq_lens, meta.num_queries, self.num_heads, self.num_kv_heads, self.scale)
+                                  meta.seq_lens, meta.num_queries, self.num_heads, self.num_kv_heads, self.scale,
+                                  cpu_kernels.attention_path(qkv.dtype, self.head_dim))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():

@@ -93,7 +93,8 @@ class CpuBackend:
             if isinstance(meta, FewQueries):  # a dtype or head size the op does not take: the torch path
                 ctx = dataclasses.replace(ctx, attn_metadata=self.fallback.prepare(ctx))
             return self.fallback.attend(q, kv_cache, ctx, scale)
-        return ops.paged_attention(q.contiguous(), kv_cache, meta.kv_slots, meta.seq_lens, meta.num_queries, scale)
+        return ops.paged_attention(q.contiguous(), kv_cache, meta.kv_slots, meta.seq_lens, meta.num_queries, scale,
+                                   cpu_kernels.attention_path(q.dtype, q.shape[-1]))
 
 
 class TritonBackend:

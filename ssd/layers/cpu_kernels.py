@@ -238,7 +238,9 @@ def _(x: torch.Tensor, blocks: torch.Tensor, path: int) -> torch.Tensor:
 
 
 _own_float = {"enabled": True, "amx": True}
-AMX_ENV = "SSD_CPU_AMX"  # "0": bfloat16 linears keep the AVX512-BF16 loop on an AMX CPU (every process of a deployment)
+# "0": bfloat16 linears keep the AVX512-BF16 loop and attention the vector loops on an AMX CPU (set it for every
+# process of a deployment)
+AMX_ENV = "SSD_CPU_AMX"
 
 
 def _amx_allowed() -> bool:
@@ -359,6 +361,23 @@ def set_layer_ops(enabled: bool) -> None:
 
 def layer_ops_enabled() -> bool:
     return _layer_ops["enabled"]
+
+
+def attention_path(dtype: torch.dtype, head_dim: int) -> int:
+    """The path of the few-query attention op (`paged_attention`, `rope_attention`, the fused layers) for a model of
+    this dtype and head size: AMX_BF16 for bfloat16 with head size 64 or 128 on a CPU with AMX-BF16 where AMX is
+    allowed (SSD_CPU_AMX; ssd_kernels/cpu/attention_amx.cpp: the scores as tile products, 1.6-2x the vector loops
+    at a verify's 5 or more queries a sequence, on par at one), else 0 (the vector loops). The two round differently,
+    so every call of a process takes the same one."""
+    return _attention_path(dtype, head_dim, _amx_allowed())
+
+
+@cache
+def _attention_path(dtype: torch.dtype, head_dim: int, amx_allowed: bool) -> int:
+    ext = extension()
+    if ext is None or not amx_allowed or dtype != torch.bfloat16 or head_dim not in (64, 128):
+        return 0
+    return own_ext.AMX_BF16 if own_ext.AMX_BF16 in own_ext.supported_paths(ext) else 0
 
 
 def layer_ops_for(x: torch.Tensor, *params: torch.Tensor) -> ModuleType | None:

@@ -142,4 +142,5 @@ def _build(ops: ModuleType, parts: DecoderParts, dtype: torch.dtype, few_rows: b
             or attn.head_dim % 8 or parts.rope.cos.device.type != "cpu"):
         return None
     return ops.DecoderLayer(*linears, norms[0].weight, norms[1].weight, norms[0].eps, parts.rope.cos, parts.rope.sin,
-                            attn.num_heads, attn.num_kv_heads, attn.scale)
+                            attn.num_heads, attn.num_kv_heads, attn.scale,
+                            cpu_kernels.attention_path(dtype, attn.head_dim))

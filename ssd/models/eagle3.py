@@ -390,7 +390,8 @@ class Eagle3Head(nn.Module):
             else:  # each row its own one-query "sequence" over the keys its mask shows
                 kv_slots, lens, queries = visible_slots(mask.to(r.device)), mask.sum(1).to(r.device), 1
             attn.append(ops.rope_attention(r, p, rope.cos, rope.sin, cache.kv, slots, kv_slots, lens, queries,
-                                           c.num_attention_heads, c.num_key_value_heads, c.head_dim ** -0.5))
+                                           c.num_attention_heads, c.num_key_value_heads, c.head_dim ** -0.5,
+                                           cpu_kernels.attention_path(r.dtype, c.head_dim)))
             cache.length = start + n
         return torch.cat(attn)
 

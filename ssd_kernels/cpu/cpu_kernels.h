@@ -70,12 +70,27 @@ torch::Tensor silu_mul(const torch::Tensor& x);
 // kFloat512, kFloat256 or 0 (scalar).
 torch::Tensor argmax_rows(const torch::Tensor& logits, int64_t path);
 void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kv_cache, const torch::Tensor& slots);
+// path: 0 the vector loops (layer_ops.cpp), or kAmxBf16 (bfloat16, head size 64 or 128: attention_amx.cpp).
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_cache, const torch::Tensor& kv_slots,
-                              const torch::Tensor& seq_lens, int64_t num_queries, double scale);
+                              const torch::Tensor& seq_lens, int64_t num_queries, double scale, int64_t path);
 torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& kv_cache, const torch::Tensor& slots,
                              const torch::Tensor& kv_slots, const torch::Tensor& seq_lens, int64_t num_queries,
-                             int64_t num_heads, int64_t num_kv_heads, double scale);
+                             int64_t num_heads, int64_t num_kv_heads, double scale, int64_t path);
+// A thread's scratch for attend_group_amx: scores of up to max_keys keys x 16 columns, 16 copied key rows, the
+// queries' B tiles.
+struct AmxAttentionScratch {
+  AmxAttentionScratch(int64_t max_keys, int64_t D);
+  void fit(int64_t max_keys, int64_t D);  // grow to serve max_keys keys of head size D
+  std::vector<float> scores;
+  std::vector<uint16_t> rows;
+  std::vector<uint32_t> query_words;
+};
+// One (sequence b, KV head kvh) pair of paged attention on AMX tiles (attention_amx.cpp; D 64 or 128, this thread's
+// tiles configured by amx_configure(16)): its G heads x Q queries against keys 0 .. seq_len - Q + i of query i.
+void attend_group_amx(const at::BFloat16* q, const at::BFloat16* keys, const at::BFloat16* values,
+                      const int64_t* slots, int64_t seq_len, at::BFloat16* out, int64_t b, int64_t kvh, int64_t Q,
+                      int64_t H, int64_t G, int64_t D, float scale, AmxAttentionScratch& scratch);
 
 // y = x @ W.T (+ bias) as a linear layer runs it (decoder_layer.cpp), by kind: at::linear on the weight, oneDNN's
 // packed weight, the own int4 kernel (weight = blocks, aux = mins, param = path), torch's CPU int4pack kernel
@@ -97,7 +112,8 @@ struct Linear {
 // A pre-norm Llama decoder layer's weights, run as one call for few causal queries per sequence (decoder_layer.cpp).
 struct DecoderLayer {
   DecoderLayer(Linear qkv, Linear o, Linear gate_up, Linear down, torch::Tensor input_norm, torch::Tensor post_norm,
-               double eps, torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double scale);
+               double eps, torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double scale,
+               int64_t attention_path);
   std::vector<torch::Tensor> forward(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
                                      const torch::Tensor& positions, torch::Tensor kv_cache, const torch::Tensor& slots,
                                      const torch::Tensor& kv_slots, const torch::Tensor& seq_lens,
@@ -108,6 +124,7 @@ struct DecoderLayer {
   torch::Tensor cos, sin;
   int64_t num_heads, num_kv_heads;
   double scale;
+  int64_t attention_path;  // paged_attention's path
 };
 
 // A model's decoder layers in order, run as one call (decoder_layer.cpp): what the Python loop over the layers does.

@@ -61,10 +61,11 @@ torch::Tensor Linear::operator()(const torch::Tensor& x) const {
 
 DecoderLayer::DecoderLayer(Linear qkv, Linear o, Linear gate_up, Linear down, torch::Tensor input_norm,
                            torch::Tensor post_norm, double eps, torch::Tensor cos, torch::Tensor sin, int64_t num_heads,
-                           int64_t num_kv_heads, double scale)
+                           int64_t num_kv_heads, double scale, int64_t attention_path)
     : qkv(std::move(qkv)), o(std::move(o)), gate_up(std::move(gate_up)), down(std::move(down)),
       input_norm(std::move(input_norm)), post_norm(std::move(post_norm)), eps(eps), cos(std::move(cos)),
-      sin(std::move(sin)), num_heads(num_heads), num_kv_heads(num_kv_heads), scale(scale) {}
+      sin(std::move(sin)), num_heads(num_heads), num_kv_heads(num_kv_heads), scale(scale),
+      attention_path(attention_path) {}
 
 // x [T, d] (the previous layer's delta, or the embeddings where residual is empty), residual [T, d] -> [this layer's
 // delta, the residual stream before it], as LlamaDecoderLayer.forward returns them.
@@ -75,7 +76,7 @@ std::vector<torch::Tensor> DecoderLayer::forward(const torch::Tensor& x, const c
   const std::vector<torch::Tensor> normed = rms_norm(x, residual, input_norm, eps);
   const torch::Tensor stream = residual.has_value() ? normed[1] : x;
   const torch::Tensor attn = rope_attention(qkv(normed[0]), positions, cos, sin, kv_cache, slots, kv_slots, seq_lens,
-                                            num_queries, num_heads, num_kv_heads, scale);
+                                            num_queries, num_heads, num_kv_heads, scale, attention_path);
   const std::vector<torch::Tensor> mlp_in = rms_norm(o(attn), stream, post_norm, eps);
   return {down(silu_mul(gate_up(mlp_in[0]))), mlp_in[1]};
 }

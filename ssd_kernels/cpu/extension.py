@@ -24,7 +24,7 @@ import torch
 FLOAT_AVX2, FLOAT_AVX512, VNNI_AVX512, BF16_AVX512, AMX_BF16 = 1, 2, 4, 8, 16  # the kernels' paths (`supported_paths`)
 _FOLDER = Path(__file__).parent
 _SOURCES = ("int4_gemm.cpp", "q8_gemm.cpp", "dense_gemm.cpp", "bf16_gemm.cpp", "bf16_amx.cpp", "int4_bf16_gemm.cpp",
-            "q8_bf16_gemm.cpp", "layer_ops.cpp", "row_argmax.cpp", "decoder_layer.cpp", "module.cpp")
+            "q8_bf16_gemm.cpp", "layer_ops.cpp", "attention_amx.cpp", "row_argmax.cpp", "decoder_layer.cpp", "module.cpp")
 _HEADERS = ("cpu_kernels.h", "vector512.h", "bf16_dot_units.h", "group_amx_units.h", "group_gemm.h", "amx_tiles.h")
 _CFLAGS = ["-O3", "-fopenmp"]  # the ISA is chosen per function (target attributes), not for the whole file
 

@@ -318,6 +318,23 @@ bool attend_group_512(const T* q, const T* keys, const T* values, const int64_t*
   return true;
 }
 
+// bfloat16 on AMX tiles (attention_amx.cpp), every (sequence, KV head) pair of a thread's share.
+void attention_rows_amx(const at::BFloat16* q, const at::BFloat16* kv, const int64_t* kv_slots, const int64_t* seq_lens,
+                        at::BFloat16* out, int64_t B, int64_t Q, int64_t H, int64_t KVH, int64_t D, int64_t num_slots,
+                        int64_t S, float scale) {
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    thread_local AmxAttentionScratch scratch(0, 0);
+    scratch.fit(S, D);
+    amx_configure(16);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = w / KVH, kvh = w % KVH;
+      attend_group_amx(q, kv + kvh * num_slots * D, kv + (KVH + kvh) * num_slots * D, kv_slots + b * S, seq_lens[b],
+                       out, b, kvh, Q, H, H / KVH, D, scale, scratch);
+    }
+    amx_release();
+  });
+}
+
 template <typename T>
 void attention_rows(const T* q, const T* kv, const int64_t* kv_slots, const int64_t* seq_lens, T* out, int64_t B,
                     int64_t Q, int64_t H, int64_t KVH, int64_t D, int64_t num_slots, int64_t S, float scale) {
@@ -429,7 +446,7 @@ void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kv_
 // q [B * Q, H, D] (Q queries per sequence, the last Q of its seq_len keys), kv_cache [2, KVH, num_slots, D] with the
 // new keys stored, kv_slots [B, S] int64 (slot of each key, S >= every seq_len), seq_lens [B] int64 -> [B * Q, H, D].
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_cache, const torch::Tensor& kv_slots,
-                              const torch::Tensor& seq_lens, int64_t num_queries, double scale) {
+                              const torch::Tensor& seq_lens, int64_t num_queries, double scale, int64_t path) {
   check_cpu(q, "paged_attention q");
   check_cpu(kv_cache, "paged_attention kv_cache");
   TORCH_CHECK(q.dim() == 3 && kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.size(3) == q.size(2) &&
@@ -446,8 +463,17 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_ca
     TORCH_CHECK(lens[b] >= Q && lens[b] <= S, "paged_attention: every seq_len must be in [num_queries, S]");
   TORCH_CHECK(all_in_range(kv_slots.data_ptr<int64_t>(), kv_slots.numel(), kv_cache.size(2)),
               "paged_attention: a slot is outside the cache");
+  TORCH_CHECK(path == 0 || path == kAmxBf16, "paged_attention: path 0 (vector loops) or ", kAmxBf16, " (AMX-BF16)");
   torch::Tensor out = torch::empty_like(q);
   const int64_t H = q.size(1), KVH = kv_cache.size(1), D = q.size(2), num_slots = kv_cache.size(2);
+  if (path == kAmxBf16) {
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16 && (D == 64 || D == 128) && (supported_paths() & kAmxBf16),
+                "paged_attention: the AMX path takes bfloat16 with head size 64 or 128, on a CPU with AMX-BF16");
+    using T = at::BFloat16;
+    attention_rows_amx(q.data_ptr<T>(), kv_cache.data_ptr<T>(), kv_slots.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+                       out.data_ptr<T>(), B, Q, H, KVH, D, num_slots, S, static_cast<float>(scale));
+    return out;
+  }
   AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention",
       AT_DISPATCH_CASE(at::kFloat, [&] {
         attention_rows<float>(q.data_ptr<float>(), kv_cache.data_ptr<float>(), kv_slots.data_ptr<int64_t>(),
@@ -468,7 +494,7 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& kv_ca
 torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& kv_cache, const torch::Tensor& slots,
                              const torch::Tensor& kv_slots, const torch::Tensor& seq_lens, int64_t num_queries,
-                             int64_t num_heads, int64_t num_kv_heads, double scale) {
+                             int64_t num_heads, int64_t num_kv_heads, double scale, int64_t path) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && kv_cache.dim() == 4 &&
               qkv.size(1) == (num_heads + 2 * num_kv_heads) * kv_cache.size(3),
               "rope_attention: qkv [T, (H + 2 KVH) D], kv_cache [2, KVH, slots, D]");
@@ -477,7 +503,8 @@ torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& posi
   const torch::Tensor k = qkv.narrow(1, num_heads * D, num_kv_heads * D).view({T, num_kv_heads, D});
   const torch::Tensor v = qkv.narrow(1, (num_heads + num_kv_heads) * D, num_kv_heads * D).view({T, num_kv_heads, D});
   store_kv(rope(k, positions, cos, sin), v, kv_cache, slots);
-  return paged_attention(rope(q, positions, cos, sin), kv_cache, kv_slots, seq_lens, num_queries, scale).view({T, -1});
+  return paged_attention(rope(q, positions, cos, sin), kv_cache, kv_slots, seq_lens, num_queries, scale, path)
+      .view({T, -1});
 }
 
 }  // namespace ssd_cpu

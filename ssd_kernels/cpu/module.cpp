@@ -42,17 +42,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &ssd_cpu::argmax_rows,
         "torch.argmax(logits, -1) of float32 logits [N, V] by path: 2 AVX-512, 1 AVX2, 0 scalar", release_gil());
   m.def("store_kv", &ssd_cpu::store_kv, "write the new keys and values into their cache slots");
-  m.def("paged_attention", &ssd_cpu::paged_attention, "causal attention of the last Q queries of each sequence",
-        release_gil());
+  m.def("paged_attention", &ssd_cpu::paged_attention,
+        "causal attention of the last Q queries of each sequence, by path: 0 vector loops, 16 AMX-BF16", py::arg("q"),
+        py::arg("kv_cache"), py::arg("kv_slots"), py::arg("seq_lens"), py::arg("num_queries"), py::arg("scale"),
+        py::arg("path") = 0, release_gil());
   m.def("rope_attention", &ssd_cpu::rope_attention, "RoPE, store K/V and paged attention from a fused qkv row",
-        release_gil());
+        py::arg("qkv"), py::arg("positions"), py::arg("cos"), py::arg("sin"), py::arg("kv_cache"), py::arg("slots"),
+        py::arg("kv_slots"), py::arg("seq_lens"), py::arg("num_queries"), py::arg("num_heads"),
+        py::arg("num_kv_heads"), py::arg("scale"), py::arg("path") = 0, release_gil());
   py::class_<ssd_cpu::Linear>(m, "Linear", "one linear layer's matmul by kind (see cpu_kernels.h)")
       .def(py::init<int64_t, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t>(),
            py::arg("kind"), py::arg("weight"), py::arg("aux"), py::arg("bias"), py::arg("param"))
       .def("__call__", &ssd_cpu::Linear::operator(), release_gil());
   py::class_<ssd_cpu::DecoderLayer>(m, "DecoderLayer", "a pre-norm Llama decoder layer as one call (decoder_layer.cpp)")
       .def(py::init<ssd_cpu::Linear, ssd_cpu::Linear, ssd_cpu::Linear, ssd_cpu::Linear, torch::Tensor, torch::Tensor,
-                    double, torch::Tensor, torch::Tensor, int64_t, int64_t, double>())
+                    double, torch::Tensor, torch::Tensor, int64_t, int64_t, double, int64_t>())
       .def("forward", &ssd_cpu::DecoderLayer::forward, release_gil());
   py::class_<ssd_cpu::DecoderStack>(m, "DecoderStack", "a model's decoder layers in order as one call (decoder_layer.cpp)")
       .def(py::init<std::vector<ssd_cpu::DecoderLayer>>())

@@ -9,9 +9,9 @@ from ssd.layers import cpu_kernels
 from ssd.layers.activation import SiluAndMul
 from ssd.layers.attention import store_kv
 from ssd.layers.norm import RMSNorm
-from ssd.layers.padded_attention import head_major_attention
 from ssd.layers.rotary import RotaryEmbedding
 from ssd.model_config import RopeConfig
+from tests.kernels.attention_cases import attention_case, reference_attention
 
 # Relative to max |torch|: float32, the same arithmetic in another order; bfloat16, the output's rounding
 # (the ops round once where torch rounds after every op).
@@ -87,32 +87,12 @@ def test_store_kv_writes_what_index_copy_writes(ops, dtype):
     assert torch.equal(cache, expected)
 
 
-def _attention_case(dtype, seq_lens, q, seed=4, heads=6, kv_heads=2, d=16):
-    """A cache with scattered slots; returns (queries [B * Q, H, D], cache, kv_slots [B, S], seq_lens)."""
-    g = torch.Generator().manual_seed(seed)
-    num_slots = 256
-    cache = torch.randn(2, kv_heads, num_slots, d, generator=g).to(dtype)
-    s = max(seq_lens)
-    kv_slots = torch.stack([torch.randperm(num_slots, generator=g)[:s] for _ in seq_lens])  # [B, S]
-    queries = torch.randn(len(seq_lens) * q, heads, d, generator=g).to(dtype)
-    return queries, cache, kv_slots, torch.tensor(seq_lens)
-
-
-def _reference(queries, cache, kv_slots, seq_lens, q, scale):
-    b, s = kv_slots.shape
-    kv = cache[:, :, kv_slots.view(-1)].view(2, cache.shape[1], b, s, -1)  # [2, KVH, B, S, D]
-    key = torch.arange(s)
-    mask = key < (seq_lens - q)[:, None, None] + torch.arange(q)[None, :, None] + 1  # [B, Q, S]
-    out = head_major_attention(queries.view(b, q, *queries.shape[1:]), kv[0], kv[1], mask.unsqueeze(1), scale)
-    return out.reshape(queries.shape)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("q", [1, 5])
 def test_paged_attention_matches_the_torch_path(ops, dtype, q):
-    queries, cache, kv_slots, seq_lens = _attention_case(dtype, [9, 40, 23], q)
+    queries, cache, kv_slots, seq_lens = attention_case(dtype, [9, 40, 23], q)
     out = ops.paged_attention(queries, cache, kv_slots, seq_lens, q, 0.25)
-    assert out.dtype == dtype and _close(out, _reference(queries, cache, kv_slots, seq_lens, q, 0.25), dtype)
+    assert out.dtype == dtype and _close(out, reference_attention(queries, cache, kv_slots, seq_lens, q, 0.25), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -120,16 +100,16 @@ def test_paged_attention_matches_the_torch_path(ops, dtype, q):
 def test_paged_attention_of_the_avx512_head_sizes_matches_the_torch_path(ops, dtype, heads, kv_heads, d):
     """D = 64 / 128 run the AVX-512 kernel where the CPU has it (scores 16 keys at a time, then a tail): 5, 16, 37
     and 200 keys against the torch path, and a query gets the same bits alone as in the batch."""
-    queries, cache, kv_slots, seq_lens = _attention_case(dtype, [5, 16, 37, 200], 2, heads=heads, kv_heads=kv_heads,
+    queries, cache, kv_slots, seq_lens = attention_case(dtype, [5, 16, 37, 200], 2, heads=heads, kv_heads=kv_heads,
                                                          d=d)
     out = ops.paged_attention(queries, cache, kv_slots, seq_lens, 2, d**-0.5)
-    assert _close(out, _reference(queries, cache, kv_slots, seq_lens, 2, d**-0.5), dtype)
+    assert _close(out, reference_attention(queries, cache, kv_slots, seq_lens, 2, d**-0.5), dtype)
     last = ops.paged_attention(queries[7:8], cache, kv_slots[3:], seq_lens[3:], 1, d**-0.5)
     assert torch.equal(out[7:8], last)
 
 
 def test_a_query_gets_the_same_bits_alone_in_a_batch_in_a_verify_and_on_two_threads(ops):
-    queries, cache, kv_slots, seq_lens = _attention_case(torch.float32, [12, 30], 4)
+    queries, cache, kv_slots, seq_lens = attention_case(torch.float32, [12, 30], 4)
     batch = ops.paged_attention(queries, cache, kv_slots, seq_lens, 4, 0.25)  # [8, H, D]
     alone = ops.paged_attention(queries[4:8], cache, kv_slots[1:], seq_lens[1:], 4, 0.25)
     as_decode = ops.paged_attention(queries[7:8], cache, kv_slots[1:], seq_lens[1:], 1, 0.25)  # the last query
@@ -144,13 +124,13 @@ def test_a_query_gets_the_same_bits_alone_in_a_batch_in_a_verify_and_on_two_thre
 
 def test_a_planted_off_by_one_in_the_causal_bound_is_caught(ops):
     """Letting each query see one key fewer (seq_len - 1) fails the comparison with the torch path."""
-    queries, cache, kv_slots, seq_lens = _attention_case(torch.float32, [9, 40], 3)
+    queries, cache, kv_slots, seq_lens = attention_case(torch.float32, [9, 40], 3)
     wrong = ops.paged_attention(queries, cache, kv_slots, seq_lens - 1, 3, 0.25)
-    assert not _close(wrong, _reference(queries, cache, kv_slots, seq_lens, 3, 0.25), torch.float32)
+    assert not _close(wrong, reference_attention(queries, cache, kv_slots, seq_lens, 3, 0.25), torch.float32)
 
 
 def test_paged_attention_rejects_bad_inputs(ops):
-    queries, cache, kv_slots, seq_lens = _attention_case(torch.float32, [9], 2)
+    queries, cache, kv_slots, seq_lens = attention_case(torch.float32, [9], 2)
     with pytest.raises(RuntimeError, match="seq_len"):
         ops.paged_attention(queries, cache, kv_slots, torch.tensor([10]), 2, 0.25)  # more keys than slots given
     with pytest.raises(RuntimeError, match="outside the cache"):
@@ -164,7 +144,7 @@ def test_rope_attention_is_rope_store_and_attention_one_by_one(ops, dtype):
     heads, kv_heads, d, q = 4, 2, 16, 3
     layer = RotaryEmbedding(d, 64, RopeConfig())
     seq_lens = torch.tensor([7, 12])
-    _, cache, kv_slots, _ = _attention_case(dtype, seq_lens.tolist(), q)
+    _, cache, kv_slots, _ = attention_case(dtype, seq_lens.tolist(), q)
     cache = cache[:, :kv_heads].contiguous()
     qkv = torch.randn(2 * q, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
     positions = torch.cat([torch.arange(n - q, n) for n in seq_lens.tolist()])
