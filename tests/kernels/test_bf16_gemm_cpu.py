@@ -26,7 +26,8 @@ def test_the_layout_round_trips():
 
 
 @pytest.mark.parametrize("name", PATHS)
-@pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 33])  # AMX: one tile of rows, a tile and one more, three passes
+# AMX: one tile of rows, a tile and one more, three passes (the last short, or full), four passes
+@pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 33, 48, 50])
 @pytest.mark.parametrize("n", [16, 80, 256])  # units of 1, 5 (4 + 1) and 16 blocks
 def test_the_kernel_matches_its_reference(ext, name, rows, n):
     path = require_path(ext, PATHS, name)
@@ -38,9 +39,10 @@ def test_the_kernel_matches_its_reference(ext, name, rows, n):
 
 
 @pytest.mark.parametrize("name", PATHS)
-def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name):
+@pytest.mark.parametrize("rows", [21, 50])  # AMX: passes of 16 and 5 rows; of 16, 16, 16 and 2
+def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(ext, name, rows):
     path = require_path(ext, PATHS, name)
-    x, w = _operands(21, 320, 128, seed=2)  # AMX: a pass of 16 rows and one of 5
+    x, w = _operands(rows, 320, 128, seed=2)
     blocks = bf16_gemm.pack_bf16(w)
     assert_rows_invariant(lambda rows: bf16_gemm.bf16_gemm(ext, rows, blocks, path), x)
 
