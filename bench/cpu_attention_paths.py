@@ -9,12 +9,9 @@ verify (Q = 5) of batches 1, 4 and 16, and Llama-3.1-8B's (32 / 8, D = 128). Eac
 paths agree within bfloat16's rounding. Needs a CPU with AMX-BF16.
 """
 
-import argparse
-import json
-import time
-
 import torch
 
+from bench.call_timing import in_turns_ms, parse_args, write_rows
 from ssd.layers import cpu_kernels
 from ssd_kernels.cpu import extension as own_ext
 
@@ -33,22 +30,8 @@ def _inputs(batch: int, queries: int, keys: int, heads: int, kv_heads: int, d: i
     return q, cache, kv_slots, seq_lens
 
 
-def _median_ms(call, repeats: int) -> float:  # noqa: ANN001 - a no-argument call
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return 1000 * sorted(times)[len(times) // 2]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__.split("\n")[0], argv, repeats=30)
     ext = cpu_kernels.extension()
     if ext is None or own_ext.AMX_BF16 not in own_ext.supported_paths(ext):
         raise SystemExit("this bench needs the project's CPU kernels on a CPU with AMX-BF16")
@@ -62,17 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         loops, tiles = attend(0).float(), attend(own_ext.AMX_BF16).float()
         if ((loops - tiles).abs().max() / loops.abs().max()).item() > 2e-2:
             raise SystemExit(f"the two paths disagree at batch {batch}, Q {queries}, {keys} keys, D {d}")
-        loops_ms = tiles_ms = float("inf")
-        for _ in range(3):  # in turn: a noisy spell hits both
-            loops_ms = min(loops_ms, _median_ms(lambda: attend(0), args.repeats))
-            tiles_ms = min(tiles_ms, _median_ms(lambda: attend(own_ext.AMX_BF16), args.repeats))
+        times = in_turns_ms({"loops": lambda: attend(0), "amx": lambda: attend(own_ext.AMX_BF16)}, args.repeats)
+        loops_ms, tiles_ms = times["loops"], times["amx"]
         rows.append({"batch": batch, "queries": queries, "keys": keys, "heads": heads, "kv_heads": kv_heads,
                      "head_dim": d, "loops_ms": loops_ms, "amx_ms": tiles_ms})
         print(f"batch {batch:2d}  Q {queries}  {keys:4d} keys  heads {heads}/{kv_heads}  D {d:3d}  "
               f"loops {loops_ms:7.4f} ms  AMX {tiles_ms:7.4f} ms  {loops_ms / tiles_ms:4.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "rows": rows}, f, indent=1)
+    write_rows(args, rows)
     return 0
 
 
