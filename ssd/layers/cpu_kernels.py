@@ -366,8 +366,8 @@ def layer_ops_enabled() -> bool:
 def attention_path(dtype: torch.dtype, head_dim: int) -> int:
     """The path of the few-query attention op (`paged_attention`, `rope_attention`, the fused layers) for a model of
     this dtype and head size: AMX_BF16 for bfloat16 with head size 64 or 128 on a CPU with AMX-BF16 where AMX is
-    allowed (SSD_CPU_AMX; ssd_kernels/cpu/attention_amx.cpp: the scores as tile products, 1.6-2x the vector loops
-    at a verify's 5 or more queries a sequence, on par at one), else 0 (the vector loops). The two round differently,
+    allowed (SSD_CPU_AMX; ssd_kernels/cpu/attention_amx.cpp: the scores as tile products, 1.6-1.7x the vector loops
+    at a verify's 5 queries a sequence, on par at one), else 0 (the vector loops). The two round differently,
     so every call of a process takes the same one."""
     return _attention_path(dtype, head_dim, _amx_allowed())
 
