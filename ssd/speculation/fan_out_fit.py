@@ -12,8 +12,8 @@ no longer chooses is not measured again) and the median of the last WINDOWS wind
 steps chosen by mode auto or a gap between requests, makes one window long; the median ignores it), and chooses the
 budget, up to the configured one, with the most expected tokens per second of round: tokens(B) / max(window,
 build(B)), tokens(B) coming from the speculator (its measured hit rate for B guesses and the tokens of a hit and of a
-miss). A budget not run yet is estimated from its
-measured neighbours (linearly between two, in proportion to one), so the fit tries it and then knows.
+miss). A budget not run yet is estimated from its measured neighbours (linearly between two, in proportion to one),
+so the fit tries it and then knows.
 
 A budget the fit left is not measured again while it stays out, so a spell of contention on the draft's core (another
 process, the machine's own work) that slowed its builds would keep it out for good, and the budget would sink and stay

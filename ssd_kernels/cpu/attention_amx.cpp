@@ -246,8 +246,6 @@ void attend_columns(const at::BFloat16* q, const at::BFloat16* keys, const at::B
 
 }  // namespace
 
-AmxAttentionScratch::AmxAttentionScratch(int64_t max_keys, int64_t D) { fit(max_keys, D); }
-
 void AmxAttentionScratch::fit(int64_t max_keys, int64_t D) {
   const size_t score_floats = ((max_keys + 2 * kKeys - 1) / (2 * kKeys)) * 2 * kKeys * kCols;
   if (scores.size() < score_floats) scores.resize(score_floats);

@@ -80,7 +80,6 @@ torch::Tensor rope_attention(const torch::Tensor& qkv, const torch::Tensor& posi
 // A thread's scratch for attend_group_amx: scores of up to max_keys keys x 16 columns, 16 copied key rows, the
 // queries' B tiles.
 struct AmxAttentionScratch {
-  AmxAttentionScratch(int64_t max_keys, int64_t D);
   void fit(int64_t max_keys, int64_t D);  // grow to serve max_keys keys of head size D
   std::vector<float> scores;
   std::vector<uint16_t> rows;

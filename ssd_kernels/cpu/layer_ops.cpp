@@ -323,7 +323,7 @@ void attention_rows_amx(const at::BFloat16* q, const at::BFloat16* kv, const int
                         at::BFloat16* out, int64_t B, int64_t Q, int64_t H, int64_t KVH, int64_t D, int64_t num_slots,
                         int64_t S, float scale) {
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    thread_local AmxAttentionScratch scratch(0, 0);
+    thread_local AmxAttentionScratch scratch;
     scratch.fit(S, D);
     amx_configure(16);
     for (int64_t w = begin; w < end; ++w) {
