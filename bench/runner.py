@@ -111,6 +111,7 @@ def _ssd_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list
 
 
 AUTO = "-auto"  # sd-auto / ssd-auto: that mode, taken per batch only where the engine measured it faster than plain
+DRAFT_WAITS = "draft_waits"  # _chooser_rounds' key: plain steps taken while the draft was still prefilling
 
 
 def _build_runner(s: BenchSettings, ar: LLM, params: SamplingParams, closers: list) -> tuple[Runner, LLM | None]:
@@ -201,15 +202,21 @@ def _run_in_turn(runs: list[Run], encoded: list[list[int]]) -> list[dict]:
     for (settings, _, llm), timed, (counters, rounds) in zip(runs, timings, before, strict=True):
         result = summarize(settings, encoded, timed, _delta(counters, _counters(llm)))
         if settings.mode.endswith(AUTO):  # what the mode chooser took: decode steps of each choice
-            result["adaptive_rounds"] = {c: n - rounds[c] for c, n in _chooser_rounds(llm).items()}
+            chosen = {c: n - rounds[c] for c, n in _chooser_rounds(llm).items()}
+            result["adaptive_draft_waits"] = chosen.pop(DRAFT_WAITS)  # of the plain steps: the draft was prefilling
+            result["adaptive_rounds"] = chosen
         result["_outputs"] = [ids for t in timed for ids in t.token_ids]
         results.append(result)
     return results
 
 
 def _chooser_rounds(llm: LLM | None) -> dict[str, int]:
-    """The engine's mode chooser: decode steps taken so far per choice (speculate / plain)."""
-    return dict(llm.engine.mode_chooser.num_rounds) if llm is not None else {}
+    """The engine's mode chooser: decode steps taken so far per choice (speculate / sd / plain), and of the plain
+    ones those taken while the draft was still prefilling (DRAFT_WAITS)."""
+    if llm is None:
+        return {}
+    chooser = llm.engine.mode_chooser
+    return {**chooser.num_rounds, DRAFT_WAITS: chooser.num_draft_waits}
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:

@@ -5,7 +5,8 @@ so the event loop keeps serving and the proposer, which is not thread-safe, sees
 sessions. SSD: a round's answer comes back from the worker, which queues the cache build right behind it, before
 the answer is even sent; the build runs while the answer travels and the target verifies, and the session's next
 round queues behind it and sees its cache. A `catch_up` message (the target took plain steps) is applied like a round
-and runs the draft over the committed tokens on the worker, answered with nothing.
+and runs the draft over the committed tokens on the worker; it is answered (CaughtUp) once run where the target asked
+for that with a round id, and with nothing where not.
 """
 
 import asyncio
@@ -84,7 +85,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                         hello.cuda_probe if hello.HasField("cuda_probe") else None)
                     bound.info("tensor transport", transport=common_pb2.TensorTransport.Name(transport))
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, ready=draft_pb2.Ready(
-                        draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers))
+                        draft_name=self.draft_name, transport=transport, feature_layers=self.feature_layers,
+                        acknowledges_catch_ups=True))
                 elif kind == "round":
                     speculations = await self._round(session, deadlines, msg.round)
                     for item in speculations.items:
@@ -95,6 +97,8 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
                     yield draft_pb2.SessionResponse(round_id=msg.round_id, speculations=speculations)
                 elif kind == "catch_up":
                     await self._catch_up(session, deadlines, msg.catch_up, bound)
+                    if msg.round_id:  # the target waits to speculate on new prompts until the draft has them
+                        yield draft_pb2.SessionResponse(round_id=msg.round_id, caught_up=draft_pb2.CaughtUp())
                 elif kind == "release":
                     for seq_id in msg.release.seq_ids:
                         deadlines.forget(seq_id)
@@ -122,7 +126,7 @@ class SpeculatorServicer(draft_pb2_grpc.SpeculatorServicer):
 
     async def _catch_up(self, session: Session, deadlines: SessionDeadlines, round_: draft_pb2.Round,
                         bound: structlog.BoundLogger) -> None:
-        """Screen a catch_up like a round and run it on the worker; no answer (a sequence refused here is forgotten,
+        """Screen a catch_up like a round and run it on the worker (a sequence refused here is forgotten,
         and its next round's Outcome gets NOT_FOUND). Awaited like a round, so the next message is screened
         against the sequences as the catch-up left them."""
         screened = screen(round_, session, deadlines)

@@ -42,6 +42,7 @@ class LoadSnapshot:
     # ("speculate" / "plain"), and how often it switched between them
     adaptive_rounds: dict[str, int] = field(default_factory=dict)
     adaptive_switches: int = 0
+    adaptive_draft_waits: int = 0  # plain steps taken while a draft was still prefilling new prompts
 
 
 class EngineLoop:
@@ -155,7 +156,7 @@ class EngineLoop:
             num_prefix_queried_tokens=e.scheduler.num_prefix_queried_tokens,
             num_prefix_hit_tokens=e.scheduler.num_prefix_hit_tokens, num_preemptions=e.scheduler.num_preemptions,
             spec=c.snapshot() if c else None, adaptive_rounds=dict(e.mode_chooser.num_rounds),
-            adaptive_switches=e.mode_chooser.num_switches)
+            adaptive_switches=e.mode_chooser.num_switches, adaptive_draft_waits=e.mode_chooser.num_draft_waits)
 
 
 def _settle(future: asyncio.Future, value: object, error: Exception | None) -> None:

@@ -101,6 +101,9 @@ class _EngineCollector:
         yield rounds
         yield self._counter("ssd:adaptive_switches", "Times the mode chooser changed its choice between steps",
                             s.adaptive_switches)
+        yield self._counter("ssd:adaptive_draft_waits", "Plain steps the mode chooser took while a draft was still "
+                            "prefilling new prompts (a speculative round would have waited for it)",
+                            s.adaptive_draft_waits)
 
 
 def build_registry(engine_loop: EngineLoop, model_name: str, num_speculative_tokens: int,

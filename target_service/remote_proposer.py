@@ -15,7 +15,9 @@ served in part says so (`num_cached_tokens` = N) and carries features from posit
 takes the rest from its own prefix cache, or answers FAILED_PRECONDITION, and the sequence is resent whole.
 
 Mode auto's plain steps: `catch_up` sends each session a `catch_up` message (the sequences' Prefills or Outcomes,
-with features, answered with nothing), so the draft keeps up while the target decodes plainly.
+with features), so the draft keeps up while the target decodes plainly. One that brings new prompts asks to be
+acknowledged (a draft whose Ready says it does so answers CaughtUp once it has run it): until then the draft is
+busy prefilling them (`catching_up`), and a speculative round would wait for it.
 
 SSD: a sequence whose request asks for ssd goes to the draft with Prefill.mode SSD; the session's Hello
 carries the optional `ssd_options`; the answers' cache-hit flags, predictions and draft timings come back.
@@ -159,6 +161,7 @@ class RemoteProposer:
             session.close()
             return None
         session.sends_features = bool(needed)
+        session.acknowledges_catch_ups = answer.ready.acknowledges_catch_ups
         transport = session.tensors.settle(answer.ready.transport)
         log.info("draft session open", address=address, draft=answer.ready.draft_name, feature_layers=needed,
                  tensor_transport=common_pb2.TensorTransport.Name(transport))
@@ -243,17 +246,27 @@ class RemoteProposer:
                 out[i] = speculation
         return out
 
+    @property
+    def catching_up(self) -> bool:
+        """Whether some draft is still running a catch-up that brought it new prompts (not yet acknowledged, and
+        sent less than the round timeout ago)."""
+        return any(s is not None and s.is_catching_up(self.timeout_s) for s in self.pool.sessions)
+
     def catch_up(self, requests: list[ProposeRequest]) -> None:
         """After a plain step: each session holding some of these sequences gets one catch_up message (their
-        Prefills or Outcomes with features, as a round's), answered with nothing; the draft catches up while the
-        target steps on. The draft now holds every committed token, so the next round's Outcome carries none new
-        (num_accepted -1: no speculation was verified)."""
+        Prefills or Outcomes with features, as a round's); the draft catches up while the target steps on. One that
+        brings prompts is acknowledged where the draft does that, others get no answer. The draft now holds every
+        committed token, so the next round's Outcome carries none new (num_accepted -1: no speculation was
+        verified)."""
         self._keep_features(requests)
         for session, indices in self._by_session(requests).items():
             batch = [requests[i] for i in indices]
             message = draft_pb2.Round()
             self._add_sequences(session, batch, message)
-            session.send(draft_pb2.SessionRequest(round_id=0, catch_up=message))
+            if message.prefills and session.acknowledges_catch_ups:
+                session.send_catch_up(next(self._round_ids), message)
+            else:
+                session.send(draft_pb2.SessionRequest(round_id=0, catch_up=message))
             for r in batch:
                 session.known[r.seq_id] = SentSequence(len(r.token_ids))
 

@@ -170,7 +170,9 @@ class LLMEngine:
         if adaptive:
             unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)
         choice = SPECULATE
-        if adaptive:
+        if adaptive and decoder.catching_up:  # the draft is still prefilling new prompts beside the target
+            choice = self.mode_chooser.wait_for_draft()
+        elif adaptive:
             choice = self.mode_chooser.choose(len(batch.seqs), options, k, unseen, [s.seq_id for s in batch.seqs])
         started = time.perf_counter()
         if batch.mode == ForwardMode.DECODE and k > 0 and self._speculates(batch.seqs, choice):

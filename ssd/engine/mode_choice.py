@@ -177,6 +177,7 @@ class ModeChooser:
     num_rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHOICES, 0))
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
     num_switches: int = 0
+    num_draft_waits: int = 0  # plain steps taken while the draft was still prefilling new prompts
     last: str | None = None
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
@@ -210,6 +211,13 @@ class ModeChooser:
         share = self.explore / (len(options) - 1)
         due = [c for c in probed if self._due(b, c, best, batch_size, unseen, share)]
         return max(due, key=lambda c: b.since.get(c, 0)) if due else best
+
+    def wait_for_draft(self) -> str:
+        """The choice while the draft is still prefilling prompts it was handed beside the target's plain steps: a
+        plain step (a speculative round would wait for the draft; at batch 16 the first one waited 198 ms,
+        docs/benchmarks.md 2026-12-07). It is recorded like any plain step."""
+        self.num_draft_waits += 1
+        return PLAIN
 
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
                options: tuple[str, ...] = SPECULATE_OR_PLAIN, unseen: int = 0) -> None:
@@ -397,7 +405,8 @@ class ModeChooser:
         out: dict[str, float | int | str | None] = {
             "adaptive_speculated_rounds": self.num_rounds[SPECULATE], "adaptive_sd_rounds": self.num_rounds[SD],
             "adaptive_plain_rounds": self.num_rounds[PLAIN], "adaptive_switches": self.num_switches,
-            "adaptive_predicted_buckets": self.num_predicted, "adaptive_last_choice": self.last}
+            "adaptive_predicted_buckets": self.num_predicted, "adaptive_draft_waits": self.num_draft_waits,
+            "adaptive_last_choice": self.last}
         for (size, _), b in sorted(self.buckets.items()):
             for choice, speed in b.speeds.items():
                 out[f"adaptive_tok_s_batch{size}_{choice}"] = speed.tok_s

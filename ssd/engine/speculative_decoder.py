@@ -72,6 +72,11 @@ class SpeculativeDecoder:
             for seq in seqs:
                 seq.num_draft_seen = seq.num_tokens
 
+    @property
+    def catching_up(self) -> bool:
+        """Whether a draft that works beside the target is still prefilling prompts that `catch_up` handed it."""
+        return self.proposer.feeds_in_background and self.proposer.catching_up
+
     def overlaps(self, seq: Sequence) -> bool:
         """Whether the sequence speculates SSD-style: its draft builds the next answer while the target verifies (in
         one process: the engine's SSD config; with a remote draft: the request's mode)."""

@@ -43,6 +43,7 @@ class _DraftSeq:
 class DraftModelProposer:
     feature_layers: tuple[int, ...] = ()
     feeds_in_background = False  # `catch_up` runs the draft now, on the caller's thread
+    catching_up = False  # nothing runs behind the caller's back
 
     def __init__(self, path: Path, dtype: str, target_vocab_size: int, block_size: int = 16,
                  kv_cache_memory_mb: int = 256, linear_backend: str = "onednn",

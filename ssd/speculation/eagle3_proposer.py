@@ -50,6 +50,7 @@ class _HeadSeq:
 
 class Eagle3Proposer:
     feeds_in_background = False  # `catch_up` runs the head now, on the caller's thread
+    catching_up = False  # nothing runs behind the caller's back
 
     def __init__(self, path: Path, target_embedding: torch.Tensor, target_config: ModelConfig, dtype: str,
                  device: str | torch.device | None = None, prefix_block_size: int = 16,

@@ -14,6 +14,7 @@ from ssd.speculation.speculation import Speculation
 class NgramProposer:
     feature_layers: tuple[int, ...] = ()
     feeds_in_background = False  # no state to bring up
+    catching_up = False  # nothing runs behind the caller's back
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram

@@ -5,8 +5,10 @@ sequence with the round's outcome as the verifier counted it (ssd/speculation/ro
 when a sequence ends. `catch_up` brings a draft up to the committed tokens without proposing. Where the draft
 works beside the target (`feeds_in_background`: the SSD speculator on its worker, a remote draft) the engine calls
 it after each plain step of mode auto, so the draft keeps up while it would idle instead of catching up on the
-critical path when speculation resumes; elsewhere it would only move a proposal's catch-up onto that path. A
-proposer keeps only model state (a draft model its own paged KV) and rolls it back by the outcome's length.
+critical path when speculation resumes; elsewhere it would only move a proposal's catch-up onto that path. While
+such a draft is still prefilling the prompts a catch-up brought it (`catching_up`), mode auto takes plain steps: a
+speculative round would wait for it. A proposer keeps only model state (a draft model its own paged KV) and rolls
+it back by the outcome's length.
 """
 
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ class Proposer(Protocol):
 
     feature_layers: tuple[int, ...]
     feeds_in_background: bool  # whether `catch_up` returns at once while the draft works beside the caller
+    catching_up: bool  # whether such a draft is still prefilling prompts `catch_up` brought it (a round would wait)
 
     def propose(self, requests: list[ProposeRequest]) -> list[Speculation]: ...
 

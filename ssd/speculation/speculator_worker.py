@@ -85,6 +85,7 @@ class OverlappedSpeculator:
         self.worker = worker or SpeculatorWorker()
         self.feature_layers = speculator.feature_layers
         self.records: dict[int, DraftRecord] = {}  # seq id -> the draft's record of it
+        self._prompt_catch_ups: list[Future] = []  # queued catch-ups that bring the draft new sequences' prompts
 
     @property
     def counters(self):  # noqa: ANN201 - SsdCounters
@@ -122,8 +123,17 @@ class OverlappedSpeculator:
     def catch_up(self, requests: list[ProposeRequest]) -> None:
         """The draft catches up on the sequences' committed tokens on the worker (after any queued build), while
         the caller goes on; their next answers are backups (nothing was built for a plain step)."""
+        new = any(r.seq_id not in self.records for r in requests)
         own = [replace(r, token_ids=self._record(r).token_ids, grammar=None) for r in requests]
-        self.worker.submit(self.speculator.neural.catch_up, own)
+        future = self.worker.submit(self.speculator.neural.catch_up, own)
+        if new:
+            self._prompt_catch_ups.append(future)
+
+    @property
+    def catching_up(self) -> bool:
+        """Whether the worker is still prefilling new sequences' prompts handed to it by `catch_up`."""
+        self._prompt_catch_ups = [f for f in self._prompt_catch_ups if not f.done()]
+        return bool(self._prompt_catch_ups)
 
     def observe(self, seq_id: int, outcome: RoundOutcome) -> None:
         record = self.records.get(seq_id)

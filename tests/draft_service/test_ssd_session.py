@@ -289,3 +289,24 @@ def test_a_catch_up_on_the_wire_gets_no_answer_and_the_next_round_sees_it(server
     assert list(answer.speculations.items[0].token_ids) == greedy[1 : K + 1]
     servicer = server["servicer"]
     assert (servicer.num_catch_ups, servicer.num_catch_up_tokens) == (1, len(tokens))
+
+
+def test_a_catch_up_with_a_round_id_is_acknowledged_once_it_has_run(server, draft, greedy):
+    """A draft says in its Ready that it acknowledges catch-ups; one sent with a round id is answered by a CaughtUp
+    with that id once the draft holds its tokens (the target waits for it before speculating on new prompts)."""
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    tokens = [*PROMPT, greedy[0]]
+    with grpc.insecure_channel(f"127.0.0.1:{server['port']}") as channel:
+        answers = draft_pb2_grpc.SpeculatorStub(channel).Session(iter(requests.get, None), timeout=60)
+        requests.put(draft_pb2.SessionRequest(round_id=1, hello=draft_pb2.Hello(target_id="t", vocab_size=96)))
+        assert next(answers).ready.acknowledges_catch_ups
+        requests.put(draft_pb2.SessionRequest(round_id=5, catch_up=draft_pb2.Round(prefills=[prefill(1, tokens)])))
+        ack = next(answers)
+        assert ack.round_id == 5 and ack.HasField("caught_up")
+        (session,) = server["servicer"].sessions.values()
+        assert draft.proposer.seqs[session.seqs[1].seq_id].num_cached_tokens == len(tokens) - 1
+        requests.put(draft_pb2.SessionRequest(round_id=6, round=draft_pb2.Round(num_speculative_tokens=K, outcomes=[
+            draft_pb2.Outcome(seq_id=1, num_committed_before=len(tokens), num_accepted=-1)])))
+        answer = next(answers)
+        requests.put(None)
+    assert answer.round_id == 6 and list(answer.speculations.items[0].token_ids) == greedy[1 : K + 1]

@@ -5,6 +5,7 @@ their sequences in Round.sd_round_seq_ids, come back without a cache-hit flag (t
 them), and greedy output equals plain AR token for token.
 """
 
+import threading
 from collections.abc import Collection
 from dataclasses import replace
 
@@ -91,13 +92,13 @@ def test_sd_rounds_of_remote_ssd_sequences_build_nothing_and_keep_greedy_output(
 
 
 def test_plain_steps_feed_the_remote_draft_and_output_stays_greedy(models, draft_address):
-    """After each plain step (and each prefill) the target sends the draft what it committed (a catch_up message, no
-    answer awaited); the draft then holds every token, so the next round's Outcome brings none new; greedy output
-    equals AR."""
+    """After each plain step (and each prefill) the target sends the draft what it committed (a catch_up message; only
+    one that brings prompts asks for an acknowledgement); the draft then holds every token, so the next round's
+    Outcome brings none new; greedy output equals AR."""
     engine, sent = _adaptive_run(models[0], draft_address, _PlainFirst())
     catch_ups = [m for m in sent if m.HasField("catch_up")]
     assert 0 < len(catch_ups) <= engine.mode_chooser.num_rounds[PLAIN] + len(PROMPTS)
-    assert all(m.round_id == 0 for m in catch_ups)
+    assert all((m.round_id > 0) == bool(m.catch_up.prefills) for m in catch_ups)
     assert any(m.catch_up.prefills for m in catch_ups)  # the prompts went to the draft before any round
     fed = False
     for message in sent:
@@ -140,3 +141,47 @@ def test_plain_steps_feed_a_remote_eagle3_head_its_features(models, eagle_addres
     assert catch_ups and all(e.HasField("features") for m in catch_ups for e in [*m.prefills, *m.outcomes])
     counters = engine.speculative_decoder.counters
     assert counters.num_draft_tokens > 0 and counters.num_accepted_tokens > 0
+
+
+class _AlwaysSpeculate(CyclingChooser):
+    def choose(self, batch_size: int, options: tuple[str, ...] = (), lookahead: int = 0, unseen: int = 0,
+               seq_ids: Collection[int] | None = None) -> str:
+        return SPECULATE
+
+
+def test_mode_auto_takes_plain_steps_until_the_draft_has_prefilled_the_prompts(models):
+    """The prefill's catch-up asks the draft to acknowledge it. While the draft is still running it (held here),
+    the engine takes plain steps whatever the chooser would take (a round would wait for the draft); once the
+    draft's CaughtUp arrives it speculates, and greedy output equals AR."""
+    target, draft_folder = models
+    draft = build_service_proposer(DraftServiceConfig(draft_engine(str(draft_folder), kv_cache_memory_mb=8)))
+    gate = threading.Event()
+    catch_up = draft.proposer.catch_up
+    draft.proposer.catch_up = lambda requests: (gate.wait(30), catch_up(requests))[1]
+    config = EngineConfig(str(target), dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    plain = _generate(LLMEngine(config), SamplingParams(max_tokens=20, ignore_eos=True))
+    with threaded_draft_server(draft, str(draft_folder)) as address:
+        proposer = RemoteProposer(address, "test", 96, timeout_s=10, reconnect_interval_s=0.05)
+        try:
+            assert wait_for(lambda: proposer.is_connected)
+            engine = LLMEngine(replace(config, speculation=remote_speculation(K, None, 8)), proposer=proposer)
+            engine.mode_chooser = _AlwaysSpeculate()
+            params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
+            ids = [engine.add_request(p, params) for p in PROMPTS]
+            tokens: dict[int, list[int]] = {i: [] for i in ids}
+            for _ in range(4):  # the prefill, then decode steps while the draft holds the prompts' catch-up
+                for out in engine.step():
+                    tokens[out.seq_id].extend(out.new_token_ids)
+            chooser = engine.mode_chooser
+            assert proposer.catching_up
+            assert chooser.num_rounds[SPECULATE] == 0 and chooser.num_draft_waits == chooser.num_rounds[PLAIN] > 0
+            gate.set()
+            assert wait_for(lambda: not proposer.catching_up)
+            while engine.has_unfinished():
+                for out in engine.step():
+                    tokens[out.seq_id].extend(out.new_token_ids)
+            assert [tokens[i] for i in ids] == plain
+            assert chooser.num_rounds[SPECULATE] > 0
+        finally:
+            gate.set()
+            proposer.close()

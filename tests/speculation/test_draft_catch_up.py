@@ -5,6 +5,7 @@ catching up inside the proposal (float32). In one process, SSD catches up on its
 mode auto the drafts hold every committed token but the last, and greedy output is plain greedy's.
 """
 
+import threading
 from collections.abc import Collection
 
 import pytest
@@ -155,3 +156,38 @@ def test_in_process_eagle3_ssd_keeps_greedy_output_across_plain_steps(folders):
             tokens[out.seq_id].extend(out.new_token_ids)
     assert [tokens[i] for i in ids] == plain
     assert engine.speculative_decoder.counters.num_accepted_tokens > 0
+
+
+def test_in_process_ssd_takes_plain_steps_while_its_worker_prefills_new_prompts(folders):
+    """The prefill's catch-up queues the prompts on the speculator's worker. While it has not run (the worker is
+    held here), mode auto takes plain steps whatever the chooser would take; then it speculates, and greedy output
+    is plain greedy's."""
+    target, draft, _ = folders
+    prompts = [PROMPT, [20, 21, 22]]
+    opts = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8)
+    plain = [o.token_ids for o in LLM(str(target), **opts).generate(prompts, SamplingParams(max_tokens=16,
+                                                                                           ignore_eos=True))]
+    spec = SpeculationConfig(ProposerChoice(str(draft)), num_speculative_tokens=K, ssd=SsdConfig())
+    engine = LLM(str(target), speculation=spec, **opts).engine
+    engine.mode_chooser = _PlainThenSpeculate(plain=0)
+    overlapped = engine.speculative_decoder.proposer
+    gate = threading.Event()
+    overlapped.worker.submit(gate.wait, 30)
+    try:
+        ids = [engine.add_request(p, SamplingParams(max_tokens=16, ignore_eos=True, adaptive=True)) for p in prompts]
+        tokens: dict[int, list[int]] = {i: [] for i in ids}
+        for _ in range(4):  # the prefill, then decode steps while the worker holds the prompts' catch-up
+            for out in engine.step():
+                tokens[out.seq_id].extend(out.new_token_ids)
+        chooser = engine.mode_chooser
+        assert overlapped.catching_up
+        assert chooser.num_rounds["speculate"] == 0 and chooser.num_draft_waits == chooser.num_rounds[PLAIN] > 0
+    finally:
+        gate.set()
+    overlapped.worker.call(lambda: None)
+    assert not overlapped.catching_up
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.seq_id].extend(out.new_token_ids)
+    assert [tokens[i] for i in ids] == plain
+    assert chooser.num_rounds["speculate"] > 0

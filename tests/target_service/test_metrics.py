@@ -90,3 +90,4 @@ def test_adaptive_choices_are_exported(tiny_llama) -> None:
     assert rounds[("sd",)] == 0  # offered to ssd sequences only
     assert rounds[("plain",)] > 0 and rounds[("speculate",)] > 0  # both choices are measured first
     assert busy["ssd:adaptive_switches"][1] == {(): chooser.num_switches} and chooser.num_switches >= 1
+    assert busy["ssd:adaptive_draft_waits"][1] == {(): chooser.num_draft_waits}
