@@ -80,7 +80,8 @@ def fetch_feature_layers(addresses: str | list[str], timeout_s: float, tls: TlsF
 
 
 class RemoteProposer:
-    """The draft works in its own process, so `catch_up` (a message, no answer) runs it beside the target.
+    """The draft works in its own process, so `catch_up` (a message; one that brings prompts is acknowledged, the
+    target goes on meanwhile) runs it beside the target.
     `feature_layers`: the target layers whose features the draft needs (its GetInfo), fixed at start-up.
     `ssd_options`: the session's SSD settings, sent in each session's Hello; None = the draft's defaults."""
 
