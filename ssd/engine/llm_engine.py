@@ -169,8 +169,11 @@ class LLMEngine:
         unseen = 0  # tokens the adaptive sequences' drafts have not seen (what a switch to speculating catches up)
         if adaptive:
             unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)
+        # a draft still prefilling new prompts beside the target: plain steps, which the chooser does not measure
+        # (the draft's prefill on the next core slows them)
+        waiting = adaptive and decoder.catching_up
         choice = SPECULATE
-        if adaptive and decoder.catching_up:  # the draft is still prefilling new prompts beside the target
+        if waiting:
             choice = self.mode_chooser.wait_for_draft()
         elif adaptive:
             choice = self.mode_chooser.choose(len(batch.seqs), options, k, unseen, [s.seq_id for s in batch.seqs])
@@ -186,13 +189,14 @@ class LLMEngine:
             if not batch.seqs:
                 return []
             tokens, new_logprobs = self._sample(batch, items, logits)
-            if decoding:  # what a decode-shaped forward costs, for the chooser's predictions
+            if decoding and not waiting:  # what a decode-shaped forward costs, for the chooser's predictions
                 self.mode_chooser.forward_cost.record(len(batch.seqs), time.perf_counter() - started)
             outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens,
                                                                                         strict=True)]
-        if adaptive:
+        if adaptive and not waiting:
             self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
                                      sum(len(o.new_tokens) for o in outcomes), options, unseen)
+        if adaptive:
             for seq in batch.seqs:
                 seq.spec_counters.num_plain_steps += seq.params.adaptive and choice == PLAIN
                 seq.spec_counters.num_sd_rounds += seq.params.adaptive and choice == SD and decoder.overlaps(seq)

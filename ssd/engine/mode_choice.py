@@ -177,7 +177,7 @@ class ModeChooser:
     num_rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHOICES, 0))
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
     num_switches: int = 0
-    num_draft_waits: int = 0  # plain steps taken while the draft was still prefilling new prompts
+    num_draft_waits: int = 0  # plain steps taken while the draft was still prefilling new prompts (not in num_rounds)
     last: str | None = None
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
@@ -215,7 +215,9 @@ class ModeChooser:
     def wait_for_draft(self) -> str:
         """The choice while the draft is still prefilling prompts it was handed beside the target's plain steps: a
         plain step (a speculative round would wait for the draft; at batch 16 the first one waited 198 ms,
-        docs/benchmarks.md 2026-12-07). It is recorded like any plain step."""
+        docs/benchmarks.md 2026-12-07). The engine does not `record` it: the draft's prefill on the next core slows
+        it, and plain steps measured slow made speculation look faster than it was at batch 16 (auto took 56-83
+        rounds of SSD at 0.7x plain's speed, docs/benchmarks.md 2026-12-08)."""
         self.num_draft_waits += 1
         return PLAIN
 

@@ -6,14 +6,17 @@ that answer wait, and the whole overrun is added to the round. The build's cost 
 guesses per depth; a few sequences already make a draft's forwards compute-bound on a CPU core), while the hit
 rate grows slowly with the guesses, and a hit is worth only what its speculation brings over a backup's.
 
-So, per batch size, the fit keeps the measured build time of each budget it ran (the median of its last BUILDS
-builds: one slow build, such as a stall of the machine, must not keep a budget out for good, since a budget the fit
-no longer chooses is not measured again) and the median of the last WINDOWS windows (a pause, such as plain decode
-steps chosen by mode auto or a gap between requests, makes one window long; the median ignores it), and chooses the
-budget, up to the configured one, with the most expected tokens per second of round: tokens(B) / max(window,
-build(B)), tokens(B) coming from the speculator (its measured hit rate for B guesses and the tokens of a hit and of a
-miss). A budget not run yet is estimated from its measured neighbours (linearly between two, in proportion to one),
-so the fit tries it and then knows.
+So, per batch size, the fit keeps the last BUILDS build times of each budget it ran and the last WINDOWS windows,
+and chooses the budget, up to the configured one, with the most expected tokens per second of round: tokens(B) /
+E[max(window, build(B))], tokens(B) coming from the speculator (its measured hit rate for B guesses and the tokens of
+a hit and of a miss). The expectation pairs each recent window with each recent build: builds and windows jitter,
+and a budget whose median build just fits the median window still makes about half of its answers wait (the fit of
+medians alone ran builds of 28-31 ms against windows of 26-29 at batch 4, and the answer waited 4.1-4.5 ms against
+2.9-3.3, docs/benchmarks.md 2026-12-07). A sample past OUTLIER times its median counts as that much: one slow build
+(a stall of the machine) must not keep a budget out for good, since a budget the fit no longer chooses is not
+measured again, and one long window (plain decode steps chosen by mode auto, a gap between requests) must not hide
+the overruns. A budget not run yet is estimated from its measured neighbours (linearly between two, in proportion to
+one), with the spread of the nearest one, so the fit tries it and then knows.
 
 A budget the fit left is not measured again while it stays out, so a spell of contention on the draft's core (another
 process, the machine's own work) that slowed its builds would keep it out for good, and the budget would sink and stay
@@ -23,6 +26,7 @@ the next build, so a recovered fit climbs back in a few builds), out for another
 (one build a little over the window).
 """
 
+import bisect
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +36,7 @@ BUILDS = 5  # builds of a budget its time is the median of
 REFRESH = 64  # builds of a batch size after which a larger budget left out is measured again
 WINDOWS = 9  # windows the median is taken over
 MIN_BUDGET = 2  # guesses per sequence and round at least
+OUTLIER = 1.5  # a build or window counts as at most this many times its median
 
 
 @dataclass
@@ -76,12 +81,41 @@ class FanOutFit:
         m = self.measured.get(batch_size)
         if m is None or most <= MIN_BUDGET:
             return most
-        window_s = statistics.median(m.windows)
-        builds = {b: statistics.median(times) for b, times in m.builds.items()}
-        rate = {b: tokens(b) / max(window_s, _estimate(builds, b)) for b in range(MIN_BUDGET, most + 1)}
+        windows = _Windows(m.windows)
+        medians = {b: statistics.median(times) for b, times in m.builds.items()}
+        rate = {b: tokens(b) / windows.expected_round(_build_samples(m.builds, medians, b))
+                for b in range(MIN_BUDGET, most + 1)}
         chosen = max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
         m.refreshing = m.stale(chosen, most)
         return chosen if m.refreshing is None else m.refreshing
+
+
+class _Windows:
+    """The recent windows, outliers capped, sorted for E[max(window, build)]."""
+
+    def __init__(self, windows: deque[float]) -> None:
+        cap = OUTLIER * statistics.median(windows)
+        self.sorted = sorted(min(w, cap) for w in windows)
+        self.tail = [0.0] * (len(self.sorted) + 1)  # tail[i] = sum(sorted[i:])
+        for i in range(len(self.sorted) - 1, -1, -1):
+            self.tail[i] = self.tail[i + 1] + self.sorted[i]
+
+    def expected_round(self, builds: list[float]) -> float:
+        """E[max(window, build)] over every pair of a recent window and one of these build times."""
+        n = len(self.sorted)
+        total = 0.0
+        for x in builds:
+            shorter = bisect.bisect_right(self.sorted, x)  # windows the build outlasts: the answer waits for it
+            total += (x * shorter + self.tail[shorter]) / n
+        return total / len(builds)
+
+
+def _build_samples(builds: dict[int, deque[float]], medians: dict[int, float], budget: int) -> list[float]:
+    """The build times of `budget`, outliers capped: measured, else its estimate with the relative spread of the
+    nearest measured budget."""
+    nearest = min(builds, key=lambda b: (abs(b - budget), b))
+    scale = _estimate(medians, budget) / medians[nearest]
+    return [min(x, OUTLIER * medians[nearest]) * scale for x in builds[nearest]]
 
 
 def _estimate(builds: dict[int, float], budget: int) -> float:

@@ -160,3 +160,24 @@ def test_a_budget_that_still_overruns_is_run_once_per_refresh():
     best = _best(build, 40)
     tail = _settle(fit, build, window_ms=40, rounds=3 * REFRESH)[-2 * REFRESH:]
     assert tail.count(best) >= len(tail) - 2 * 2  # one step up per refresh, at most two a period
+
+
+def test_a_budget_whose_jittering_builds_make_answers_wait_gives_way():
+    """Builds jitter: budget B's build takes 2.5 B ms times 0.8 / 0.9 / 1.0 / 1.2 / 1.3 in turn, and each window is
+    20 ms. The configured budget's median build (20 ms) just fits, yet two answers in five wait 4-6 ms for it. The fit
+    prices each window against each build, so it settles on the budget with the most tokens per expected round, a
+    smaller one (a fit of medians alone kept the configured budget)."""
+    jitter = (0.8, 0.9, 1.0, 1.2, 1.3)
+
+    def expected_round(b: int) -> float:
+        return sum(max(20.0, 2.5 * b * f) for f in jitter) / len(jitter)
+
+    tokens = lambda b: 1.6 + 0.01 * b  # noqa: E731 - a guess more adds few hits
+    best = max(range(MIN_BUDGET, MOST + 1), key=lambda b: tokens(b) / expected_round(b))
+    assert best < MOST
+    fit, chosen = FanOutFit(), []
+    for i in range(60):
+        budget = fit.budget(4, MOST, tokens)
+        chosen.append(budget)
+        fit.observe(4, budget, 2.5 * budget * jitter[i % len(jitter)] / 1e3, 20 / 1e3)
+    assert chosen[0] == MOST and chosen[-10:] == [best] * 10
