@@ -203,7 +203,7 @@ def _run_in_turn(runs: list[Run], encoded: list[list[int]]) -> list[dict]:
         result = summarize(settings, encoded, timed, _delta(counters, _counters(llm)))
         if settings.mode.endswith(AUTO):  # what the mode chooser took: decode steps of each choice
             chosen = {c: n - rounds[c] for c, n in _chooser_rounds(llm).items()}
-            result["adaptive_draft_waits"] = chosen.pop(DRAFT_WAITS)  # plain steps beside them: the draft prefilled
+            result["adaptive_draft_waits"] = chosen.pop(DRAFT_WAITS)  # of the plain steps: the draft was prefilling
             result["adaptive_rounds"] = chosen
         result["_outputs"] = [ids for t in timed for ids in t.token_ids]
         results.append(result)
@@ -211,8 +211,8 @@ def _run_in_turn(runs: list[Run], encoded: list[list[int]]) -> list[dict]:
 
 
 def _chooser_rounds(llm: LLM | None) -> dict[str, int]:
-    """The engine's mode chooser: decode steps taken so far per choice (speculate / sd / plain), and the plain steps
-    taken beside them while the draft was still prefilling (DRAFT_WAITS)."""
+    """The engine's mode chooser: decode steps taken so far per choice (speculate / sd / plain), and of the plain
+    ones those taken while the draft was still prefilling (DRAFT_WAITS)."""
     if llm is None:
         return {}
     chooser = llm.engine.mode_chooser

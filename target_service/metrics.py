@@ -101,8 +101,8 @@ class _EngineCollector:
         yield rounds
         yield self._counter("ssd:adaptive_switches", "Times the mode chooser changed its choice between steps",
                             s.adaptive_switches)
-        yield self._counter("ssd:adaptive_draft_waits", "Plain steps of adaptive requests taken while a draft was "
-                            "still prefilling new prompts (not in ssd:adaptive_rounds; a round would have waited)",
+        yield self._counter("ssd:adaptive_draft_waits", "Of the adaptive plain steps, those taken while a draft was "
+                            "still prefilling new prompts (a speculative round would have waited for it)",
                             s.adaptive_draft_waits)
 
 

@@ -169,7 +169,7 @@ class LLMEngine:
         unseen = 0  # tokens the adaptive sequences' drafts have not seen (what a switch to speculating catches up)
         if adaptive:
             unseen = sum(max(0, s.num_tokens - s.num_draft_seen) for s in batch.seqs if s.params.adaptive)
-        # a draft still prefilling new prompts beside the target: plain steps, which the chooser does not measure
+        # a draft still prefilling new prompts beside the target: plain steps, which the chooser records unmeasured
         # (the draft's prefill on the next core slows them)
         waiting = adaptive and decoder.catching_up
         choice = SPECULATE
@@ -193,10 +193,9 @@ class LLMEngine:
                 self.mode_chooser.forward_cost.record(len(batch.seqs), time.perf_counter() - started)
             outcomes = [RoundOutcome.plain(s.seq_id, s.num_tokens, [t]) for s, t in zip(batch.seqs, tokens,
                                                                                         strict=True)]
-        if adaptive and not waiting:
-            self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
-                                     sum(len(o.new_tokens) for o in outcomes), options, unseen)
         if adaptive:
+            self.mode_chooser.record(len(batch.seqs), choice, time.perf_counter() - started,
+                                     sum(len(o.new_tokens) for o in outcomes), options, unseen, measured=not waiting)
             for seq in batch.seqs:
                 seq.spec_counters.num_plain_steps += seq.params.adaptive and choice == PLAIN
                 seq.spec_counters.num_sd_rounds += seq.params.adaptive and choice == SD and decoder.overlaps(seq)

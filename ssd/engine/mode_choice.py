@@ -177,7 +177,7 @@ class ModeChooser:
     num_rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHOICES, 0))
     num_predicted: int = 0  # buckets that started from a prediction instead of a speculative round
     num_switches: int = 0
-    num_draft_waits: int = 0  # plain steps taken while the draft was still prefilling new prompts (not in num_rounds)
+    num_draft_waits: int = 0  # plain steps taken while the draft was still prefilling new prompts
     last: str | None = None
 
     def choose(self, batch_size: int, options: tuple[str, ...] = SPECULATE_OR_PLAIN, lookahead: int = 0,
@@ -215,15 +215,16 @@ class ModeChooser:
     def wait_for_draft(self) -> str:
         """The choice while the draft is still prefilling prompts it was handed beside the target's plain steps: a
         plain step (a speculative round would wait for the draft; at batch 16 the first one waited 198 ms,
-        docs/benchmarks.md 2026-12-07). The engine does not `record` it: the draft's prefill on the next core slows
-        it, and plain steps measured slow made speculation look faster than it was at batch 16 (auto took 56-83
-        rounds of SSD at 0.7x plain's speed, docs/benchmarks.md 2026-12-08)."""
+        docs/benchmarks.md 2026-12-07). The engine records it unmeasured (`measured=False`): the draft's prefill on
+        the next core slows it, and plain steps measured so made speculation look faster than it was at batch 16
+        (auto took 56-83 rounds of SSD at 0.7x plain's speed, docs/benchmarks.md 2026-12-08)."""
         self.num_draft_waits += 1
         return PLAIN
 
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
-               options: tuple[str, ...] = SPECULATE_OR_PLAIN, unseen: int = 0) -> None:
-        """One decode step of `choice` took `seconds` and committed `num_tokens` tokens over the batch."""
+               options: tuple[str, ...] = SPECULATE_OR_PLAIN, unseen: int = 0, measured: bool = True) -> None:
+        """One decode step of `choice` took `seconds` and committed `num_tokens` tokens over the batch; one not
+        `measured` (taken beside other work) counts as a step of its choice, but not as a steady one."""
         if seconds <= 0 or num_tokens <= 0:
             return
         b = self._bucket(batch_size, options)
@@ -234,7 +235,7 @@ class ModeChooser:
         switch_steps = self._switch_steps(choice, options)
         fresh = choice != PLAIN and b.epoch_rounds < switch_steps and bool(b.members)  # new text: no cache yet
         b.epoch_rounds += choice != PLAIN
-        steady = (prev is None or b.run > switch_steps) and not fresh
+        steady = measured and (prev is None or b.run > switch_steps) and not fresh
         full = num_tokens * size / batch_size  # the tokens at a full bucket: a drained batch compares
         self._track_switch(b, choice, seconds, unseen, switched, steady)
         b.steps += 1

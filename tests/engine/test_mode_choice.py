@@ -555,3 +555,16 @@ def test_sd_rounds_slower_than_ssds_are_not_probed():
         chooser.record(1, choice, seconds, tokens, CHOICES, unseen=1)
     assert picks.count(SD) <= 4  # its first try
     assert picks[300:].count(SPECULATE) >= 600
+
+
+def test_plain_steps_taken_beside_a_prefilling_draft_count_but_are_not_timed():
+    """While the draft prefills new prompts the engine takes plain steps (`wait_for_draft`), slowed by that prefill
+    on the next core: they count as plain steps, but plain's time comes from the steps after them."""
+    chooser = ModeChooser()
+    for _ in range(3):
+        chooser.record(16, chooser.wait_for_draft(), 0.060, 16, measured=False)
+    for _ in range(2):
+        chooser.record(16, PLAIN, 0.030, 16)
+    plain = chooser.buckets[(bucket_of(16), SPECULATE_OR_PLAIN)].speeds[PLAIN]
+    assert chooser.num_rounds[PLAIN] == 5 and chooser.num_draft_waits == 3
+    assert plain.step_s == pytest.approx(0.030) and plain.tok_s == pytest.approx(16 / 0.030)

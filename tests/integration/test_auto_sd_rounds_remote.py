@@ -151,8 +151,8 @@ class _AlwaysSpeculate(CyclingChooser):
 
 def test_mode_auto_takes_plain_steps_until_the_draft_has_prefilled_the_prompts(models):
     """The prefill's catch-up asks the draft to acknowledge it. While the draft is still running it (held here),
-    the engine takes plain steps whatever the chooser would take (a round would wait for the draft), and the chooser
-    does not measure them; once the draft's CaughtUp arrives it speculates, and greedy output equals AR."""
+    the engine takes plain steps whatever the chooser would take (a round would wait for the draft), recorded
+    unmeasured; once the draft's CaughtUp arrives it speculates, and greedy output equals AR."""
     target, draft_folder = models
     draft = build_service_proposer(DraftServiceConfig(draft_engine(str(draft_folder), kv_cache_memory_mb=8)))
     gate = threading.Event()
@@ -174,7 +174,7 @@ def test_mode_auto_takes_plain_steps_until_the_draft_has_prefilled_the_prompts(m
                     tokens[out.seq_id].extend(out.new_token_ids)
             chooser = engine.mode_chooser
             assert proposer.catching_up
-            assert chooser.num_draft_waits == 3 and sum(chooser.num_rounds.values()) == 0
+            assert chooser.num_draft_waits == chooser.num_rounds[PLAIN] == 3 == sum(chooser.num_rounds.values())
             gate.set()
             assert wait_for(lambda: not proposer.catching_up)
             while engine.has_unfinished():

@@ -160,8 +160,8 @@ def test_in_process_eagle3_ssd_keeps_greedy_output_across_plain_steps(folders):
 
 def test_in_process_ssd_takes_plain_steps_while_its_worker_prefills_new_prompts(folders):
     """The prefill's catch-up queues the prompts on the speculator's worker. While it has not run (the worker is
-    held here), mode auto takes plain steps whatever the chooser would take, and the chooser does not measure them;
-    then it speculates, and greedy output is plain greedy's."""
+    held here), mode auto takes plain steps whatever the chooser would take, recorded unmeasured; then it
+    speculates, and greedy output is plain greedy's."""
     target, draft, _ = folders
     prompts = [PROMPT, [20, 21, 22]]
     opts = dict(dtype="float32", block_size=4, kv_cache_memory_mb=8)
@@ -181,7 +181,7 @@ def test_in_process_ssd_takes_plain_steps_while_its_worker_prefills_new_prompts(
                 tokens[out.seq_id].extend(out.new_token_ids)
         chooser = engine.mode_chooser
         assert overlapped.catching_up
-        assert chooser.num_draft_waits == 3 and sum(chooser.num_rounds.values()) == 0
+        assert chooser.num_draft_waits == chooser.num_rounds[PLAIN] == 3 == sum(chooser.num_rounds.values())
     finally:
         gate.set()
     overlapped.worker.call(lambda: None)
