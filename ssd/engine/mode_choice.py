@@ -224,18 +224,31 @@ class ModeChooser:
     def record(self, batch_size: int, choice: str, seconds: float, num_tokens: int,
                options: tuple[str, ...] = SPECULATE_OR_PLAIN, unseen: int = 0, measured: bool = True) -> None:
         """One decode step of `choice` took `seconds` and committed `num_tokens` tokens over the batch; one not
-        `measured` (taken beside other work) counts as a step of its choice, but not as a steady one."""
+        `measured` (taken beside other work) counts as a step of its choice, but its time and tokens are left out
+        (where it is the bucket's first of that choice, the choice stays untried: no stand-in speed from it)."""
         if seconds <= 0 or num_tokens <= 0:
             return
         b = self._bucket(batch_size, options)
-        prev, size = b.last, bucket_of(batch_size)
+        prev = b.last
         switched = prev is not None and choice != prev
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
+        if measured:
+            self._measure(b, batch_size, choice, prev, seconds, num_tokens, options, unseen)
+        for c in options:
+            b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
+        self.num_rounds[choice] += 1
+        self.num_switches += self.last is not None and choice != self.last
+        self.last = choice
+
+    def _measure(self, b: _Bucket, batch_size: int, choice: str, prev: str | None, seconds: float, num_tokens: int,
+                 options: tuple[str, ...], unseen: int) -> None:
+        """Fold a measured step into bucket `b`: its choice's speed and yield, and a switch's cost."""
+        size, switched = bucket_of(batch_size), prev is not None and choice != prev
         switch_steps = self._switch_steps(choice, options)
         fresh = choice != PLAIN and b.epoch_rounds < switch_steps and bool(b.members)  # new text: no cache yet
         b.epoch_rounds += choice != PLAIN
-        steady = measured and (prev is None or b.run > switch_steps) and not fresh
+        steady = (prev is None or b.run > switch_steps) and not fresh
         full = num_tokens * size / batch_size  # the tokens at a full bucket: a drained batch compares
         self._track_switch(b, choice, seconds, unseen, switched, steady)
         b.steps += 1
@@ -247,15 +260,10 @@ class ModeChooser:
         for other in b.speeds.values():
             other.age_out(b.steps, max(self.probe_steps, self.token_horizon // size), self.probe_steps)
         self._learn_switch_cost(b, options)
-        for c in options:
-            b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
         if choice != PLAIN:
             per_seq = num_tokens / batch_size
             old_yield = self.yield_per_seq.get(size)
             self.yield_per_seq[size] = per_seq if old_yield is None else 0.75 * old_yield + 0.25 * per_seq
-        self.num_rounds[choice] += 1
-        self.num_switches += self.last is not None and choice != self.last
-        self.last = choice
 
     def _new_text(self, b: _Bucket, seq_ids: frozenset[int], options: tuple[str, ...]) -> None:
         """Begin a new epoch of bucket `b` where at least half of its batch (of up to `new_text_most` sequences) is

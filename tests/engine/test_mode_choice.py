@@ -559,10 +559,13 @@ def test_sd_rounds_slower_than_ssds_are_not_probed():
 
 def test_plain_steps_taken_beside_a_prefilling_draft_count_but_are_not_timed():
     """While the draft prefills new prompts the engine takes plain steps (`wait_for_draft`), slowed by that prefill
-    on the next core: they count as plain steps, but plain's time comes from the steps after them."""
+    on the next core: they count as plain steps, but plain's time comes from the steps after them (a bucket whose
+    only plain steps were such is still untried: its first choice is a measured plain step)."""
     chooser = ModeChooser()
     for _ in range(3):
         chooser.record(16, chooser.wait_for_draft(), 0.060, 16, measured=False)
+    assert PLAIN not in chooser.buckets[(bucket_of(16), SPECULATE_OR_PLAIN)].speeds  # still untried: no stand-in
+    assert chooser.choose(16, lookahead=4) == PLAIN
     for _ in range(2):
         chooser.record(16, PLAIN, 0.030, 16)
     plain = chooser.buckets[(bucket_of(16), SPECULATE_OR_PLAIN)].speeds[PLAIN]

@@ -20,6 +20,7 @@ from ssd.sampling.params import SamplingParams
 from target_service.config import remote_speculation
 from target_service.remote_proposer import RemoteProposer, fetch_feature_layers
 from tests.cycling_chooser import CyclingChooser
+from tests.engine_steps import run_steps
 from tests.integration.helpers import wait_for
 from tests.integration.threaded_draft import threaded_draft_server
 from tests.speculation.test_eagle3_sd import write_tiny_head
@@ -169,17 +170,13 @@ def test_mode_auto_takes_plain_steps_until_the_draft_has_prefilled_the_prompts(m
             params = SamplingParams(max_tokens=20, ignore_eos=True, adaptive=True, mode=DecodeMode.SSD)
             ids = [engine.add_request(p, params) for p in PROMPTS]
             tokens: dict[int, list[int]] = {i: [] for i in ids}
-            for _ in range(4):  # the prefill, then decode steps while the draft holds the prompts' catch-up
-                for out in engine.step():
-                    tokens[out.seq_id].extend(out.new_token_ids)
+            run_steps(engine, tokens, 4)  # the prefill, then decode steps while the draft holds the prompts' catch-up
             chooser = engine.mode_chooser
             assert proposer.catching_up
             assert chooser.num_draft_waits == chooser.num_rounds[PLAIN] == 3 == sum(chooser.num_rounds.values())
             gate.set()
             assert wait_for(lambda: not proposer.catching_up)
-            while engine.has_unfinished():
-                for out in engine.step():
-                    tokens[out.seq_id].extend(out.new_token_ids)
+            run_steps(engine, tokens)
             assert [tokens[i] for i in ids] == plain
             assert chooser.num_rounds[SPECULATE] > 0
         finally:

@@ -20,6 +20,7 @@ from ssd.speculation.eagle3_proposer import Eagle3Proposer
 from ssd.speculation.ngram import NgramProposer
 from ssd.speculation.proposer import ProposeRequest
 from ssd.speculation.round_outcome import RoundOutcome
+from tests.engine_steps import run_steps
 from tests.speculation.test_eagle3_sd import tiny_target_draft_and_head
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
@@ -176,9 +177,7 @@ def test_in_process_ssd_takes_plain_steps_while_its_worker_prefills_new_prompts(
     try:
         ids = [engine.add_request(p, SamplingParams(max_tokens=16, ignore_eos=True, adaptive=True)) for p in prompts]
         tokens: dict[int, list[int]] = {i: [] for i in ids}
-        for _ in range(4):  # the prefill, then decode steps while the worker holds the prompts' catch-up
-            for out in engine.step():
-                tokens[out.seq_id].extend(out.new_token_ids)
+        run_steps(engine, tokens, 4)  # the prefill, then decode steps while the worker holds the prompts' catch-up
         chooser = engine.mode_chooser
         assert overlapped.catching_up
         assert chooser.num_draft_waits == chooser.num_rounds[PLAIN] == 3 == sum(chooser.num_rounds.values())
@@ -186,8 +185,6 @@ def test_in_process_ssd_takes_plain_steps_while_its_worker_prefills_new_prompts(
         gate.set()
     overlapped.worker.call(lambda: None)
     assert not overlapped.catching_up
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens[out.seq_id].extend(out.new_token_ids)
+    run_steps(engine, tokens)
     assert [tokens[i] for i in ids] == plain
     assert chooser.num_rounds["speculate"] > 0
