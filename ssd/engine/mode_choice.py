@@ -234,17 +234,18 @@ class ModeChooser:
         b.run = 1 if switched or prev is None else b.run + 1
         b.last = choice
         if measured:
-            self._measure(b, batch_size, choice, prev, seconds, num_tokens, options, unseen)
+            self._measure(b, batch_size, choice, prev, switched, seconds, num_tokens, options, unseen)
         for c in options:
             b.since[c] = 0 if c == choice else b.since.get(c, 0) + 1
         self.num_rounds[choice] += 1
         self.num_switches += self.last is not None and choice != self.last
         self.last = choice
 
-    def _measure(self, b: _Bucket, batch_size: int, choice: str, prev: str | None, seconds: float, num_tokens: int,
-                 options: tuple[str, ...], unseen: int) -> None:
-        """Fold a measured step into bucket `b`: its choice's speed and yield, and a switch's cost."""
-        size, switched = bucket_of(batch_size), prev is not None and choice != prev
+    def _measure(self, b: _Bucket, batch_size: int, choice: str, prev: str | None, switched: bool, seconds: float,
+                 num_tokens: int, options: tuple[str, ...], unseen: int) -> None:
+        """Fold a measured step into bucket `b` (`prev`: its choice before this step): the choice's speed and yield,
+        and a switch's cost."""
+        size = bucket_of(batch_size)
         switch_steps = self._switch_steps(choice, options)
         fresh = choice != PLAIN and b.epoch_rounds < switch_steps and bool(b.members)  # new text: no cache yet
         b.epoch_rounds += choice != PLAIN

@@ -83,7 +83,8 @@ class FanOutFit:
             return most
         windows = _Windows(m.windows)
         medians = {b: statistics.median(times) for b, times in m.builds.items()}
-        rate = {b: tokens(b) / windows.expected_round(_build_samples(m.builds, medians, b))
+        capped = {b: [min(x, OUTLIER * medians[b]) for x in times] for b, times in m.builds.items()}
+        rate = {b: tokens(b) / windows.expected_round(_build_samples(capped, medians, b))
                 for b in range(MIN_BUDGET, most + 1)}
         chosen = max(rate, key=lambda b: (round(rate[b], 6), b))  # ties: the larger budget
         m.refreshing = m.stale(chosen, most)
@@ -110,12 +111,14 @@ class _Windows:
         return total / len(builds)
 
 
-def _build_samples(builds: dict[int, deque[float]], medians: dict[int, float], budget: int) -> list[float]:
-    """The build times of `budget`, outliers capped: measured, else its estimate with the relative spread of the
-    nearest measured budget."""
-    nearest = min(builds, key=lambda b: (abs(b - budget), b))
+def _build_samples(capped: dict[int, list[float]], medians: dict[int, float], budget: int) -> list[float]:
+    """The build times of `budget` (`capped`: each measured budget's, outliers capped): measured, else its estimate
+    with the relative spread of the nearest measured budget."""
+    if budget in capped:
+        return capped[budget]
+    nearest = min(capped, key=lambda b: (abs(b - budget), b))
     scale = _estimate(medians, budget) / medians[nearest]
-    return [min(x, OUTLIER * medians[nearest]) * scale for x in builds[nearest]]
+    return [x * scale for x in capped[nearest]]
 
 
 def _estimate(builds: dict[int, float], budget: int) -> float:
